@@ -1,0 +1,29 @@
+# attn_add_stage(<name> <sources...>): the whole build of one stage.
+#   - library  attn_stage_<name>  (the kernel and its launch; links attn_common)
+#   - program  <name>             (build/stages/<name>/<name>: runs this stage on one shape)
+# The program's main() is generated from common/stage_main.cpp.in, so a stage directory holds
+# only its kernel and a one-line CMakeLists.txt.
+function(attn_add_stage name)
+  set(lib attn_stage_${name})
+  add_library(${lib} STATIC ${ARGN})
+  target_link_libraries(${lib} PUBLIC attn_common)
+  attn_cuda_options(${lib})
+
+  set(ATTN_STAGE_NAME ${name})
+  configure_file(${PROJECT_SOURCE_DIR}/common/stage_main.cpp.in
+                 ${CMAKE_CURRENT_BINARY_DIR}/stage_main.cpp @ONLY)
+  add_executable(attn_stage_${name}_main ${CMAKE_CURRENT_BINARY_DIR}/stage_main.cpp)
+  set_target_properties(attn_stage_${name}_main PROPERTIES OUTPUT_NAME ${name})
+  target_link_libraries(attn_stage_${name}_main PRIVATE ${lib} attn_cli)
+
+  set_property(GLOBAL APPEND PROPERTY ATTN_STAGE_LIBRARIES ${lib})
+endfunction()
+
+# Compile options every CUDA target shares.
+function(attn_cuda_options target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr>)
+  if(ATTN_PTXAS_VERBOSE)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
+  endif()
+endfunction()

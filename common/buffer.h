@@ -1,0 +1,39 @@
+/// @file buffer.h
+/// @brief RAII device memory.
+#pragma once
+
+#include <cstddef>
+
+#include "status.h"
+
+namespace attn {
+
+/// One cudaMalloc'd allocation, freed when the buffer goes out of scope. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  /// Free any previous allocation and allocate @p bytes (nothing for 0).
+  Status allocate(size_t bytes);
+  /// Free the allocation now.
+  void reset();
+
+  /// Device pointer, null when empty.
+  void* get() const { return ptr_; }
+  /// Device pointer cast to T*.
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  /// Size in bytes.
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace attn

@@ -1,0 +1,71 @@
+/// @file dtype.cuh
+/// @brief Device helpers every stage shares: fp16/bf16 <-> fp32 and vector loads of a row slice.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "params.h"
+
+namespace attn {
+
+/// Maps DType to the CUDA element type.
+template <DType> struct ElementType;
+/// fp16 is __half.
+template <> struct ElementType<DType::f16> { using type = __half; };
+/// bf16 is __nv_bfloat16.
+template <> struct ElementType<DType::bf16> { using type = __nv_bfloat16; };
+
+/// An element as fp32.
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+/// An element as fp32.
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+/// fp32 rounded to the element type T (round to nearest even).
+template <typename T> __device__ __forceinline__ T from_float(float x);
+/// fp32 rounded to fp16.
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+/// fp32 rounded to bf16.
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+/// The 16 bits of an element, and back (no type punning through pointers).
+__device__ __forceinline__ uint16_t to_bits(__half x) { return __half_as_ushort(x); }
+/// The 16 bits of an element.
+__device__ __forceinline__ uint16_t to_bits(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+/// An element from its 16 bits.
+template <typename T> __device__ __forceinline__ T from_bits(uint16_t bits);
+/// An fp16 element from its 16 bits.
+template <> __device__ __forceinline__ __half from_bits<__half>(uint16_t bits) { return __ushort_as_half(bits); }
+/// A bf16 element from its 16 bits.
+template <> __device__ __forceinline__ __nv_bfloat16 from_bits<__nv_bfloat16>(uint16_t bits) {
+  return __ushort_as_bfloat16(bits);
+}
+
+/// Raw storage for N 16-bit elements, so that one load or store moves all of them
+/// (N = 2: 4 bytes, 4: 8 bytes, 8: 16 bytes).
+template <int N> struct alignas(2 * N) Pack {
+  uint16_t bits[N];
+};
+
+/// Load N consecutive elements starting at @p src (aligned to 2*N bytes) as fp32.
+template <int N, typename T>
+__device__ __forceinline__ void load_as_float(const T* src, float (&dst)[N]) {
+  const Pack<N> pack = *reinterpret_cast<const Pack<N>*>(src);
+#pragma unroll
+  for (int e = 0; e < N; ++e) dst[e] = to_float(from_bits<T>(pack.bits[e]));
+}
+
+/// Round N fp32 values to T and store them at @p dst (aligned to 2*N bytes) in one access.
+template <int N, typename T>
+__device__ __forceinline__ void store_from_float(T* dst, const float (&src)[N]) {
+  Pack<N> pack;
+#pragma unroll
+  for (int e = 0; e < N; ++e) pack.bits[e] = to_bits(from_float<T>(src[e]));
+  *reinterpret_cast<Pack<N>*>(dst) = pack;
+}
+
+}  // namespace attn

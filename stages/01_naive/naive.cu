@@ -1,0 +1,158 @@
+// Fast attention, one idea at a time:
+//   01 naive -> 02 kv_split -> 03 persistent -> 04 wmma -> 05 cp_async -> 06 warp_specialized
+//
+// Stage 01 (this file): FlashAttention's algorithm in its most direct form.
+// One CTA per (query block of Br rows, head, batch); one warp per query row. The warp streams
+// over the row's visible keys Bc at a time with an online softmax in fp32, so the Sq x Sk score
+// matrix never exists in memory. No shared memory, no tensor cores: every K and V row is read
+// from global memory (through L1/L2) by every warp that needs it.
+//
+// Figures (H200, results/h200/bench.json): see notebooks_md/01_naive.md and the README table.
+#include <cmath>
+
+#include "dtype.cuh"
+#include "params.h"
+#include "stage.h"
+
+namespace attn {
+namespace {
+
+constexpr const char* kStageName = "01_naive";
+constexpr int kMinSm = 80;
+constexpr int kWarp = 32;
+constexpr int kBr = 8;   // query rows per CTA = warps per CTA
+constexpr int kBc = 16;  // keys scored per step of the online softmax
+
+// Sum over the 32 lanes; every lane receives the total (butterfly exchange).
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// grid (ceil(Sq/Br), Hq, B), block Br warps. Lane l of a warp owns elements
+// [l*E, l*E + E) of the head dimension, E = D/32, so a warp reads a whole K or V row as one
+// contiguous, coalesced 128- or 256-byte access.
+template <typename T, int D>
+__global__ void __launch_bounds__(kBr * kWarp) naive_attention_kernel(const AttnParams p) {
+  constexpr int E = D / kWarp;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kBr + warp;  // this warp's query row
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  if (i >= p.sq) return;  // the last query block may be partial; no barrier follows
+  const int64_t h_kv = h / (p.hq / p.hkv);  // grouped-query attention: heads share K/V
+
+  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_seq_stride + h * p.q_head_stride;  // [D]
+  const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;  // [Sk][D], row stride k_seq_stride
+  const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;  // [Sk][D], row stride v_seq_stride
+  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
+
+  // 1. This lane's slice of the query row, in fp32 registers for the whole loop.
+  float q_frag[E];
+  load_as_float<E>(q + lane * E, q_frag);
+
+  // 2. Keys this row may see: all of them, or with the bottom-right causal mask the first
+  //    i + (Sk - Sq) + 1 (none when that is <= 0: the row is empty).
+  const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
+
+  // 3. Online softmax over tiles of Bc keys. m is the running maximum of the scores seen so far,
+  //    l the running sum of exp(score - m), o_acc the running sum of exp(score - m) * V.
+  //    When a tile raises the maximum from m to m_new, everything accumulated so far was scaled
+  //    by exp(-m) and must be rescaled by exp(m - m_new): the result is exactly the softmax over
+  //    all keys seen, and no exp() argument is ever positive, so nothing overflows.
+  float m = -INFINITY, l = 0.0f;
+  float o_acc[E] = {};
+  for (int64_t kv_tile = 0; kv_tile < n_keys; kv_tile += kBc) {
+    // 3a. Scores of the tile: each lane's partial dot product, summed across the warp.
+    float s[kBc];
+#pragma unroll
+    for (int jj = 0; jj < kBc; ++jj) {
+      const int64_t j = kv_tile + jj;
+      float partial = 0.0f;
+      if (j < n_keys) {
+        float k_frag[E];
+        load_as_float<E>(k + j * p.k_seq_stride + lane * E, k_frag);
+#pragma unroll
+        for (int e = 0; e < E; ++e) partial += q_frag[e] * k_frag[e];
+      }
+      s[jj] = j < n_keys ? warp_sum(partial) * p.scale : -INFINITY;
+    }
+
+    // 3b. New running maximum; the tile has at least one visible key, so m_new is finite.
+    float m_new = m;
+#pragma unroll
+    for (int jj = 0; jj < kBc; ++jj) m_new = fmaxf(m_new, s[jj]);
+    const float alpha = expf(m - m_new);  // 0 on the first tile (m = -inf)
+    l *= alpha;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_acc[e] *= alpha;
+
+    // 3c. Accumulate P = exp(S - m_new) and P.V.
+#pragma unroll
+    for (int jj = 0; jj < kBc; ++jj) {
+      const int64_t j = kv_tile + jj;
+      if (j >= n_keys) break;
+      const float p_j = expf(s[jj] - m_new);
+      l += p_j;
+      float v_frag[E];
+      load_as_float<E>(v + j * p.v_seq_stride + lane * E, v_frag);
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_acc[e] += p_j * v_frag[e];
+    }
+    m = m_new;
+  }
+
+  // 4. Normalise and store. An empty row (causal, Sq > Sk) has l = 0: O = 0 and LSE = -inf.
+  const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o_acc[e] *= inv_l;
+  store_from_float<E>(o + lane * E, o_acc);
+  if (p.lse != nullptr && lane == 0) {
+    p.lse[(b * p.hq + h) * p.sq + i] = l > 0.0f ? m + logf(l) : -INFINITY;
+  }
+}
+
+using Kernel = void (*)(AttnParams);
+
+Kernel select_kernel(const AttnParams& p) {
+  if (p.dtype == DType::f16) return p.d == 64 ? naive_attention_kernel<__half, 64> : naive_attention_kernel<__half, 128>;
+  return p.d == 64 ? naive_attention_kernel<__nv_bfloat16, 64> : naive_attention_kernel<__nv_bfloat16, 128>;
+}
+
+Status plan(const AttnParams& p, LaunchPlan* out) {
+  constexpr int64_t kMaxGridYZ = 65535;
+  if (p.hq > kMaxGridYZ) return Status::Error("Hq (" + std::to_string(p.hq) + ") exceeds stage 01's grid limit 65535");
+  if (p.b > kMaxGridYZ) return Status::Error("B (" + std::to_string(p.b) + ") exceeds stage 01's grid limit 65535");
+  out->grid = dim3(static_cast<unsigned>((p.sq + kBr - 1) / kBr), static_cast<unsigned>(p.hq),
+                   static_cast<unsigned>(p.b));
+  out->block = dim3(kBr * kWarp);
+  out->dynamic_smem_bytes = 0;
+  out->kernel = reinterpret_cast<const void*>(select_kernel(p));
+  out->notes = "Br=" + std::to_string(kBr) + " rows (one warp each), Bc=" + std::to_string(kBc) + " keys per step";
+  return Status::Ok();
+}
+
+Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
+  ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, 0));
+  LaunchPlan lp;
+  ATTN_TRY(plan(p, &lp));
+  AttnParams kp = p;
+  kp.scale = effective_scale(p);
+  select_kernel(p)<<<lp.grid, lp.block, 0, stream>>>(kp);
+  return check_launch(kStageName);
+}
+
+}  // namespace
+
+StageInfo stage_01_naive() {
+  StageInfo s;
+  s.name = kStageName;
+  s.description = "one warp per query row, online softmax in fp32, K/V straight from global memory";
+  s.min_sm = kMinSm;
+  s.launch = launch;
+  s.plan = plan;
+  s.bench_max_seq = 4096;  // ~0.1 s a launch at S=4096; longer prefill only with --attn_all_shapes
+  return s;
+}
+
+}  // namespace attn
