@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: build, test, sanitize, run and benchmark, logs and JSON under $OUT.
+# Usage: tools/gpu_run.sh STEP...   steps, in the order given:
+#   build      configure (preset default) and build with all cores
+#   test       full ctest (test_gpu must run, not skip)
+#   sanitize   compute-sanitizer memcheck + racecheck on the reduced GPU set
+#   runner     the main job on the seed shape and on the default shape
+#   bench      attn_bench -> $OUT/bench.json (extra flags in $BENCH_FLAGS)
+#   peers      tools/peers.py -> $OUT/peers.json
+# Every step runs even if an earlier one failed; the summary at the end says which failed.
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export ATTN_COMMIT=${ATTN_COMMIT:-unknown}
+declare -A result
+run_step() {  # name, command...
+  local name=$1; shift
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  "$@" 2>&1 | tee "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  result[$name]="rc=$rc $((SECONDS - t0))s"
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
+for step in "$@"; do
+  case $step in
+    build) run_step build bash -c "cmake --preset default >/dev/null && cmake --build build -j\$(nproc)" ;;
+    test) run_step test ctest --test-dir build --output-on-failure ;;
+    sanitize) run_step sanitize tools/sanitize.sh build/tests/test_gpu ;;
+    runner) run_step runner bash -c "build/bench/attn_runner --shape seed && build/bench/attn_runner" ;;
+    bench) run_step bench build/bench/attn_bench --benchmark_out="$OUT/bench.json" ${BENCH_FLAGS:-} ;;
+    peers) run_step peers bash -c "build/bench/attn_runner --shapes-json > '$OUT/shapes.json' && \
+             PYTHONUNBUFFERED=1 python3 tools/peers.py --shapes '$OUT/shapes.json' --out '$OUT/peers.json' ${PEERS_FLAGS:-}" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
+echo "=== summary (commit $ATTN_COMMIT)"
+for step in "$@"; do echo "$step: ${result[$step]:-not run}"; done
