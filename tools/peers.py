@@ -12,16 +12,17 @@ and, in the same run, the two ceilings every figure is compared with: a device-t
 and a bf16 matmul (TFLOP/s). Measuring them here rather than quoting the datasheet keeps the
 percentages honest for this GPU, clock and driver.
 
-The shapes come from the C++ binary (`attn_runner --list-shapes > shapes.json`), so the suite is
+The shapes come from the C++ binary (`attn_runner --shapes-json > shapes.json`), so the suite is
 defined in one place only. The output is Google Benchmark's JSON schema with names
 `<peer>/<shape>` (SPEC.md, "Names and result files"), so tools/plot.py reads it like bench.json.
 
-Timing follows the C++ harness: warm-up, then samples of n back-to-back launches with n chosen so a
-sample lasts at least 1 ms, CUDA events around each sample, the median reported. Latency-bound shapes
-(`graph: true`) are launched from a CUDA graph, because Python's launch overhead (tens of µs) would
-otherwise be what we measure.
+Timing follows the C++ harness: warm-up, then samples of n back-to-back launches with n chosen so
+a sample lasts at least 1 ms, CUDA events around each sample, the median reported. Latency-bound
+shapes (`graph: true`) are launched from a CUDA graph, because Python's launch overhead (tens of
+µs) would otherwise be what we measure.
 
-    python3 tools/peers.py --shapes shapes.json --out results/h200/peers.json [--commit SHA] [--only NAME]
+    python3 tools/peers.py --shapes shapes.json --out results/h200/peers.json \
+        [--commit SHA] [--only NAME_SUBSTRING]
 
 Needs a CUDA GPU and PyTorch; only the standard library otherwise.
 """
@@ -67,7 +68,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Time PyTorch SDPA backends and the copy/matmul ceilings on the shape suite.")
     parser.add_argument("--shapes", required=True,
-                        help="shape suite from `attn_runner --list-shapes` (JSON)")
+                        help="shape suite from `attn_runner --shapes-json` (JSON)")
     parser.add_argument("--out", required=True, help="output JSON, e.g. results/h200/peers.json")
     parser.add_argument("--commit", default=None,
                         help="commit measured (default: $ATTN_COMMIT, else 'unknown')")
@@ -208,8 +209,11 @@ def describe_failure(exc, caught_warnings):
         if text and "runtime disabled" not in text and text not in reasons:
             reasons.append(text)
     # A heading ("... not used because:") is only worth keeping with a reason after it.
+    def is_heading(i):
+        return reasons[i].endswith(":")
+
     reasons = [text for i, text in enumerate(reasons)
-               if not text.endswith(":") or (i + 1 < len(reasons) and not reasons[i + 1].endswith(":"))]
+               if not is_heading(i) or (i + 1 < len(reasons) and not is_heading(i + 1))]
     first_line = (str(exc).strip().splitlines() or [""])[0]
     message = " | ".join([f"{type(exc).__name__}: {first_line}"] + reasons)
     return message if len(message) <= 800 else message[:797] + "..."
@@ -275,7 +279,7 @@ def measure_ceilings(torch):
 
 
 def make_tensor(torch, shape, seq_len, heads, dtype):
-    """One of Q, K, V with the shape's storage order, returned as the [B, H, S, D] view SDPA takes."""
+    """One of Q, K, V stored in the shape's layout, returned as the [B, H, S, D] view SDPA takes."""
     b, d = shape["b"], shape["d"]
     if shape["layout"] == "BSHD":
         return torch.randn(b, seq_len, heads, d, device="cuda", dtype=dtype).transpose(1, 2)

@@ -37,7 +37,8 @@ MISSING = "—"
 PEERS = (
     ("sdpa_flash", "FA2 (sdpa_flash)", "FlashAttention-2, through PyTorch SDPA",
      {"color": "black", "marker": "s"}),
-    ("sdpa_efficient", "sdpa_efficient", "memory-efficient attention (xFormers), through PyTorch SDPA",
+    ("sdpa_efficient", "sdpa_efficient",
+     "memory-efficient attention (xFormers), through PyTorch SDPA",
      {"color": "0.62", "marker": "D"}),
     ("sdpa_cudnn", "cuDNN (sdpa_cudnn)", "cuDNN fused attention, through PyTorch SDPA",
      {"color": "0.38", "marker": "^"}),
@@ -223,8 +224,8 @@ def plot_prefill(ax, results, series, head_dim):
             points = [(n, v) for n, v in points if v is not None]
             if not points:
                 continue
-            ax.plot([n for n, _ in points], [v for _, v in points], linestyle="--" if causal else "-",
-                    markersize=4, linewidth=1.5, **s.style)
+            ax.plot([n for n, _ in points], [v for _, v in points],
+                    linestyle="--" if causal else "-", markersize=4, linewidth=1.5, **s.style)
             rates += [v for _, v in points]
     if not rates:
         no_data(ax, f"prefill D={head_dim} figures")
@@ -296,7 +297,8 @@ def plot_decode(ax, results, series):
     if ceiling:
         ceiling_line(ax, ceiling, f"copy {ceiling:.0f} GB/s")
         # Small decode shapes fit in L2 and may beat the copy from HBM: never clip a bar.
-        tallest = max(results.get(s.name, name, "GBps") or 0 for s in series for _, _, name in shapes)
+        tallest = max(results.get(s.name, name, "GBps") or 0
+                      for s in series for _, _, name in shapes)
         ax.set_ylim(0, max(ceiling, tallest) * 1.12)
     ax.set_xticks(range(len(shapes)))
     ax.set_xticklabels([f"B={b}\nSk={kilo(sk)}" for b, sk, _ in shapes], fontsize=8)
@@ -334,7 +336,8 @@ def add_legend(fig, series):
     and a legend inside a panel would hide the very lines it explains."""
     handles = [Line2D([], [], linestyle="-", markersize=5, **s.style) for s in series]
     labels = [s.label for s in series]
-    handles += [Line2D([], [], color="0.3", linestyle="-"), Line2D([], [], color="0.3", linestyle="--"),
+    handles += [Line2D([], [], color="0.3", linestyle="-"),
+                Line2D([], [], color="0.3", linestyle="--"),
                 Line2D([], [], color="tab:red", linestyle=":")]
     labels += ["non-causal", "causal", "ceiling (same run)"]
     columns = len(labels) if len(labels) <= 8 else math.ceil(len(labels) / 2)
@@ -366,8 +369,8 @@ def draw_figure(results, png_path):
 
     add_legend(fig, stages + peer_series())
     gpu = results.context("gpu") or "unknown GPU"
-    fig.suptitle(f"Attention progression on {gpu} — commit {short_sha(results.context('commit'))}",
-                 fontsize=13)
+    commit = short_sha(results.context("commit"))
+    fig.suptitle(f"Attention progression on {gpu} — commit {commit}", fontsize=13)
     fig.tight_layout(rect=(0, 0.06, 1, 0.97))
     directory = os.path.dirname(png_path)
     if directory:
@@ -459,8 +462,9 @@ def build_footer(results):
     matmul, copy = results.ceiling_matmul(), results.ceiling_copy()
     copy_text = f"{copy / 1000:.2f}" if copy else MISSING
     matmul_text = f"{matmul:.0f}" if matmul else MISSING
-    return (f"Measured on {known(results.context('gpu'))}, driver {known(results.context('driver'))}, "
-            f"CUDA {known(results.context('cuda'))}, PyTorch {known(results.peers_context.get('torch'))}, "
+    gpu, driver, cuda = (known(results.context(key)) for key in ("gpu", "driver", "cuda"))
+    torch = known(results.peers_context.get("torch"))
+    return (f"Measured on {gpu}, driver {driver}, CUDA {cuda}, PyTorch {torch}, "
             f"commit {commit}, {date}; ceilings: copy {copy_text} TB/s, bf16 matmul {matmul_text} "
             f"TFLOP/s (same run). In parentheses: the share of that ceiling; for seed, FA2's time "
             f"divided by this one.")

@@ -88,7 +88,8 @@ def test_full_results(workdir):
 
     # 04_wmma has no decode_b8_sk32768 entry at all; sdpa_efficient only failed entries for decode;
     # 01_naive's seed has an aggregate of 1e6 µs next to the real 9.6 µs.
-    check(rows["04_wmma"][6] == plot.MISSING, f"missing entry not shown as a dash: {rows['04_wmma']}")
+    check(rows["04_wmma"][6] == plot.MISSING,
+          f"missing entry not shown as a dash: {rows['04_wmma']}")
     check(rows["sdpa_efficient"][5] == plot.MISSING, "a failed run was not shown as a dash")
     check(rows["sdpa_cudnn"][5] == plot.MISSING, "a failed run was not shown as a dash")
     check(rows["01_naive"][2].startswith("9.60 ("), f"aggregate not ignored: {rows['01_naive'][2]}")
@@ -117,7 +118,8 @@ def test_partial_results(workdir):
     png, text = run_plot(workdir, results_dir)
     check_png(png)
     rows = table_rows(text)
-    check(rows["sdpa_flash"][2:] == [plot.MISSING] * 5, f"peer row not all dashes: {rows['sdpa_flash']}")
+    check(rows["sdpa_flash"][2:] == [plot.MISSING] * 5,
+          f"peer row not all dashes: {rows['sdpa_flash']}")
     check(rows["01_naive"][2] == "9.60", f"seed without FA2 should be bare: {rows['01_naive'][2]}")
     check(f"copy {plot.MISSING} TB/s" in text, "missing ceiling not shown as a dash")
 
@@ -127,7 +129,8 @@ def test_missing_markers(workdir):
     with open(readme, "w", encoding="utf-8") as f:
         f.write("# No markers here\n")
     try:
-        plot.main(["--results", TESTDATA, "--png", os.path.join(workdir, "p.png"), "--readme", readme])
+        plot.main(["--results", TESTDATA, "--png", os.path.join(workdir, "p.png"),
+                   "--readme", readme])
     except SystemExit as exc:
         check(exc.code not in (0, None), "missing markers exited with status 0")
         check("BEGIN RESULTS TABLE" in str(exc.code), f"unclear message: {exc.code}")
