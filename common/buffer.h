@@ -12,8 +12,11 @@ namespace attn {
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
+  /// Frees the allocation.
   ~DeviceBuffer();
+  /// Take over @p other's allocation, leaving it empty.
   DeviceBuffer(DeviceBuffer&& other) noexcept;
+  /// Free this allocation and take over @p other's.
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;

@@ -14,9 +14,13 @@ namespace attn {
 /// Maps DType to the CUDA element type.
 template <DType> struct ElementType;
 /// fp16 is __half.
-template <> struct ElementType<DType::f16> { using type = __half; };
+template <> struct ElementType<DType::f16> {
+  using type = __half;  ///< CUDA's fp16
+};
 /// bf16 is __nv_bfloat16.
-template <> struct ElementType<DType::bf16> { using type = __nv_bfloat16; };
+template <> struct ElementType<DType::bf16> {
+  using type = __nv_bfloat16;  ///< CUDA's bf16
+};
 
 /// An element as fp32.
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -48,7 +52,7 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_bits<__nv_bfloat16>(ui
 /// Raw storage for N 16-bit elements, so that one load or store moves all of them
 /// (N = 2: 4 bytes, 4: 8 bytes, 8: 16 bytes).
 template <int N> struct alignas(2 * N) Pack {
-  uint16_t bits[N];
+  uint16_t bits[N];  ///< the elements' bit patterns, in order
 };
 
 /// Load N consecutive elements starting at @p src (aligned to 2*N bytes) as fp32.

@@ -44,10 +44,18 @@ struct AttnParams {
   int64_t sk = 0;   ///< key length
   int64_t d = 0;    ///< head dimension (64 or 128)
 
-  int64_t q_batch_stride = 0, q_seq_stride = 0, q_head_stride = 0;  ///< elements
-  int64_t k_batch_stride = 0, k_seq_stride = 0, k_head_stride = 0;  ///< elements
-  int64_t v_batch_stride = 0, v_seq_stride = 0, v_head_stride = 0;  ///< elements
-  int64_t o_batch_stride = 0, o_seq_stride = 0, o_head_stride = 0;  ///< elements
+  int64_t q_batch_stride = 0;  ///< Q: elements between batches
+  int64_t q_seq_stride = 0;  ///< Q: elements between sequence positions
+  int64_t q_head_stride = 0;  ///< Q: elements between heads
+  int64_t k_batch_stride = 0;  ///< K: elements between batches
+  int64_t k_seq_stride = 0;  ///< K: elements between sequence positions
+  int64_t k_head_stride = 0;  ///< K: elements between heads
+  int64_t v_batch_stride = 0;  ///< V: elements between batches
+  int64_t v_seq_stride = 0;  ///< V: elements between sequence positions
+  int64_t v_head_stride = 0;  ///< V: elements between heads
+  int64_t o_batch_stride = 0;  ///< O: elements between batches
+  int64_t o_seq_stride = 0;  ///< O: elements between sequence positions
+  int64_t o_head_stride = 0;  ///< O: elements between heads
 
   DType dtype = DType::f16;  ///< element type of q, k, v, o
   bool causal = false;       ///< bottom-right aligned: row i sees keys j <= i + (sk - sq)
