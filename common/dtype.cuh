@@ -55,12 +55,23 @@ template <int N> struct alignas(2 * N) Pack {
   uint16_t bits[N];  ///< the elements' bit patterns, in order
 };
 
+/// Load N consecutive elements starting at @p src (aligned to 2*N bytes) in one access, still packed.
+template <int N, typename T>
+__device__ __forceinline__ Pack<N> load_pack(const T* src) {
+  return *reinterpret_cast<const Pack<N>*>(src);
+}
+
+/// The N elements of a pack of T, as fp32.
+template <typename T, int N>
+__device__ __forceinline__ void unpack_to_float(const Pack<N>& pack, float (&dst)[N]) {
+#pragma unroll
+  for (int e = 0; e < N; ++e) dst[e] = to_float(from_bits<T>(pack.bits[e]));
+}
+
 /// Load N consecutive elements starting at @p src (aligned to 2*N bytes) as fp32.
 template <int N, typename T>
 __device__ __forceinline__ void load_as_float(const T* src, float (&dst)[N]) {
-  const Pack<N> pack = *reinterpret_cast<const Pack<N>*>(src);
-#pragma unroll
-  for (int e = 0; e < N; ++e) dst[e] = to_float(from_bits<T>(pack.bits[e]));
+  unpack_to_float<T>(load_pack<N>(src), dst);
 }
 
 /// Round N fp32 values to T and store them at @p dst (aligned to 2*N bytes) in one access.

@@ -3,7 +3,8 @@
 #include "registry.h"
 
 #define ATTN_STAGES(X) \
-  X(01_naive)
+  X(01_naive) \
+  X(02_kv_split)
 
 namespace attn {
 

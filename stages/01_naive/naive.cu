@@ -3,9 +3,9 @@
 //
 // Stage 01 (this file): FlashAttention's algorithm in its most direct form.
 // One CTA per (query block of Br rows, head, batch); one warp per query row. The warp streams
-// over the row's visible keys Bc at a time with an online softmax in fp32, so the Sq x Sk score
-// matrix never exists in memory. No shared memory, no tensor cores: every K and V row is read
-// from global memory (through L1/L2) by every warp that needs it.
+// over the row's visible keys Bc = 32 at a time, one key per lane, with an online softmax in
+// fp32, so the Sq x Sk score matrix never exists in memory. No shared-memory tiles, no tensor
+// cores: every K and V row is read from global memory (through L1/L2) by every warp that needs it.
 //
 // Figures (H200, results/h200/, commit ec2d653): seed 55.6 us (FA2 5.16 us: 0.09x);
 // prefill_d128_s4096 2.30 TFLOP/s (FA2 334); decode_b1_sk131072 4.8 GB/s (copy 4241).
@@ -22,8 +22,8 @@ namespace {
 constexpr const char* kStageName = "01_naive";
 constexpr int kMinSm = 80;
 constexpr int kWarp = 32;
-constexpr int kBr = 8;   // query rows per CTA = warps per CTA
-constexpr int kBc = 16;  // keys scored per step of the online softmax
+constexpr int kBr = 8;      // query rows per CTA = warps per CTA
+constexpr int kBc = kWarp;  // keys per step of the online softmax: one per lane
 
 // Sum over the 32 lanes; every lane receives the total (butterfly exchange).
 __device__ __forceinline__ float warp_sum(float x) {
@@ -32,16 +32,29 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// grid (ceil(Sq/Br), Hq, B), block Br warps. Lane l of a warp owns elements
-// [l*E, l*E + E) of the head dimension, E = D/32, so a warp reads a whole K or V row as one
-// contiguous, coalesced 128- or 256-byte access.
+// Maximum over the 32 lanes; every lane receives it.
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// grid (ceil(Sq/Br), Hq, B), block Br warps. For the scores, lane l takes key kv_tile + l of
+// the tile and computes its whole dot product with q (read from shared memory, where every lane
+// sees all of it). For P.V, lane l owns elements [l*E, l*E + E) of the head dimension, E = D/32,
+// so a warp reads each V row as one coalesced 128- or 256-byte access.
 template <typename T, int D>
 __global__ void __launch_bounds__(kBr * kWarp) naive_attention_kernel(const AttnParams p) {
   constexpr int E = D / kWarp;
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  __shared__ __align__(16) float smem_q[kBr][D];  // [Br][D]: each warp's query row, fp32
+  // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane:
+  // then the row, its key range and the early return below are warp-uniform, and the shuffles
+  // compile to plain SHFL instead of a WARPSYNC.COLLECTIVE emulation for divergent warps.
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarp), 0);
+  const int lane = threadIdx.x % kWarp;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kBr + warp;  // this warp's query row
   const int64_t h = blockIdx.y, b = blockIdx.z;
-  if (i >= p.sq) return;  // the last query block may be partial; no barrier follows
+  if (i >= p.sq) return;  // the last query block may be partial; only __syncwarp() follows
   const int64_t h_kv = h / (p.hq / p.hkv);  // grouped-query attention: heads share K/V
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_seq_stride + h * p.q_head_stride;  // [D]
@@ -49,55 +62,56 @@ __global__ void __launch_bounds__(kBr * kWarp) naive_attention_kernel(const Attn
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;  // [Sk][D], row stride v_seq_stride
   T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
 
-  // 1. This lane's slice of the query row, in fp32 registers for the whole loop.
+  // 1. The query row, fp32, in shared memory: each lane needs all of it for its key's score.
   float q_frag[E];
   load_as_float<E>(q + lane * E, q_frag);
+#pragma unroll
+  for (int e = 0; e < E; ++e) smem_q[warp][lane * E + e] = q_frag[e];
+  __syncwarp();
 
   // 2. Keys this row may see: all of them, or with the bottom-right causal mask the first
   //    i + (Sk - Sq) + 1 (none when that is <= 0: the row is empty).
   const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
 
-  // 3. Online softmax over tiles of Bc keys. m is the running maximum of the scores seen so far,
-  //    l the running sum of exp(score - m), o_acc the running sum of exp(score - m) * V.
-  //    When a tile raises the maximum from m to m_new, everything accumulated so far was scaled
-  //    by exp(-m) and must be rescaled by exp(m - m_new): the result is exactly the softmax over
-  //    all keys seen, and no exp() argument is ever positive, so nothing overflows.
-  float m = -INFINITY, l = 0.0f;
+  // 3. Online softmax over tiles of Bc = 32 keys. m is the running maximum of the scores seen so
+  //    far, l the running sum of exp(score - m) (kept per lane for the lane's own keys, summed
+  //    at the end), o_acc the running sum of exp(score - m) * V. When a tile raises the maximum
+  //    from m to m_new, everything accumulated so far was scaled by exp(-m) and must be rescaled
+  //    by exp(m - m_new): the result is exactly the softmax over all keys seen, and no exp()
+  //    argument is ever positive, so nothing overflows.
+  float m = -INFINITY, l_lane = 0.0f;
   float o_acc[E] = {};
   for (int64_t kv_tile = 0; kv_tile < n_keys; kv_tile += kBc) {
-    // 3a. Scores of the tile: each lane's partial dot product, summed across the warp.
-    float s[kBc];
+    // 3a. Lane l scores key j = kv_tile + l: its K row in 16-byte loads, four independent partial
+    //     sums (short dependency chains). A lane past n_keys reads the last visible key (always
+    //     in bounds) and is masked to -inf.
+    const int64_t j = kv_tile + lane;
+    const T* k_row = k + min(j, n_keys - 1) * p.k_seq_stride;  // [D]
+    float partial[4] = {};
 #pragma unroll
-    for (int jj = 0; jj < kBc; ++jj) {
-      const int64_t j = kv_tile + jj;
-      float partial = 0.0f;
-      if (j < n_keys) {
-        float k_frag[E];
-        load_as_float<E>(k + j * p.k_seq_stride + lane * E, k_frag);
+    for (int d0 = 0; d0 < D; d0 += 8) {
+      float k8[8];
+      load_as_float<8>(k_row + d0, k8);
 #pragma unroll
-        for (int e = 0; e < E; ++e) partial += q_frag[e] * k_frag[e];
-      }
-      s[jj] = j < n_keys ? warp_sum(partial) * p.scale : -INFINITY;
+      for (int e = 0; e < 8; ++e) partial[e % 4] += smem_q[warp][d0 + e] * k8[e];
     }
+    const float s = j < n_keys ? (partial[0] + partial[1] + partial[2] + partial[3]) * p.scale : -INFINITY;
 
     // 3b. New running maximum; the tile has at least one visible key, so m_new is finite.
-    float m_new = m;
-#pragma unroll
-    for (int jj = 0; jj < kBc; ++jj) m_new = fmaxf(m_new, s[jj]);
+    const float m_new = fmaxf(m, warp_max(s));
     const float alpha = expf(m - m_new);  // 0 on the first tile (m = -inf)
-    l *= alpha;
+    const float p_lane = expf(s - m_new);  // this lane's key; 0 when masked
+    l_lane = l_lane * alpha + p_lane;
 #pragma unroll
     for (int e = 0; e < E; ++e) o_acc[e] *= alpha;
 
-    // 3c. Accumulate P = exp(S - m_new) and P.V.
+    // 3c. P.V, key by key: p_j comes from the lane that scored key j; every lane adds p_j times
+    //     its slice of V row j. Masked keys have p_j = 0 and read a visible row (in bounds).
 #pragma unroll
     for (int jj = 0; jj < kBc; ++jj) {
-      const int64_t j = kv_tile + jj;
-      if (j >= n_keys) break;
-      const float p_j = expf(s[jj] - m_new);
-      l += p_j;
+      const float p_j = __shfl_sync(0xffffffffu, p_lane, jj);
       float v_frag[E];
-      load_as_float<E>(v + j * p.v_seq_stride + lane * E, v_frag);
+      load_as_float<E>(v + min(kv_tile + jj, n_keys - 1) * p.v_seq_stride + lane * E, v_frag);
 #pragma unroll
       for (int e = 0; e < E; ++e) o_acc[e] += p_j * v_frag[e];
     }
@@ -105,6 +119,7 @@ __global__ void __launch_bounds__(kBr * kWarp) naive_attention_kernel(const Attn
   }
 
   // 4. Normalise and store. An empty row (causal, Sq > Sk) has l = 0: O = 0 and LSE = -inf.
+  const float l = warp_sum(l_lane);
   const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
   for (int e = 0; e < E; ++e) o_acc[e] *= inv_l;
@@ -130,7 +145,7 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
   out->block = dim3(kBr * kWarp);
   out->dynamic_smem_bytes = 0;
   out->kernel = reinterpret_cast<const void*>(select_kernel(p));
-  out->notes = "Br=" + std::to_string(kBr) + " rows (one warp each), Bc=" + std::to_string(kBc) + " keys per step";
+  out->notes = "Br=" + std::to_string(kBr) + " rows (one warp each), Bc=" + std::to_string(kBc) + " keys per step (one per lane)";
   return Status::Ok();
 }
 

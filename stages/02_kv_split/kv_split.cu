@@ -1,0 +1,361 @@
+// Fast attention, one idea at a time:
+//   01 naive -> 02 kv_split -> 03 persistent -> 04 wmma -> 05 cp_async -> 06 warp_specialized
+//
+// Stage 02 (this file): split the keys across CTAs, then merge.
+// Stage 01 launches one CTA per (query block, head, batch): 16 CTAs for the seed shape and B*Hq
+// for decode, on a GPU with room for hundreds. This stage adds one idea: each (batch, kv head,
+// query block) is cut along the keys into num_splits contiguous ranges, each run by its own CTA,
+// which writes an fp32 partial output and its LSE to the workspace; a second kernel merges the
+// partials with log-sum-exp weights. num_splits is chosen from the SM count, the occupancy and the
+// CTAs the grid has without splitting. The rows of a CTA are (query position, head) pairs of one
+// kv head, so in decode the query heads of a GQA group share every K and V row they read.
+//
+// Figures: notebooks_md/02_kv_split.md and the README table.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "device.h"
+#include "dtype.cuh"
+#include "params.h"
+#include "stage.h"
+
+namespace attn {
+namespace {
+
+constexpr const char* kStageName = "02_kv_split";
+constexpr int kMinSm = 80;
+constexpr int kWarp = 32;
+constexpr int kBc = kWarp;       // keys per step of the online softmax: one per lane
+constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
+
+// Where the CTAs of one (batch, kv head, query block) put their partial results.
+struct SplitArgs {
+  int num_splits = 1;          // key ranges per (batch, kv head, query block)
+  int64_t keys_per_split = 0;  // a multiple of Bc
+  float* o_partial = nullptr;  // [num_splits][B*Hq*Sq][D] fp32, normalised within the split
+  float* lse_partial = nullptr;  // [num_splits][B*Hq*Sq], -inf where the split saw no key
+};
+
+// Sum over the 32 lanes; every lane receives the total (butterfly exchange).
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// Maximum over the 32 lanes; every lane receives it.
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// E consecutive fp32 values in one 8- or 16-byte access.
+template <int E>
+__device__ __forceinline__ void store_floats(float* dst, const float (&src)[E]) {
+  static_assert(E == 2 || E == 4, "D = 64 or 128");
+  if constexpr (E == 4) *reinterpret_cast<float4*>(dst) = make_float4(src[0], src[1], src[2], src[3]);
+  else *reinterpret_cast<float2*>(dst) = make_float2(src[0], src[1]);
+}
+template <int E>
+__device__ __forceinline__ void load_floats(const float* src, float (&dst)[E]) {
+  if constexpr (E == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+  } else {
+    const float2 v = *reinterpret_cast<const float2*>(src);
+    dst[0] = v.x, dst[1] = v.y;
+  }
+}
+
+// grid (q_blocks * num_splits, Hkv, B), block Br warps. A CTA's Br rows are packed
+// (query position, head) pairs of one kv head: packed row r is query position r / group of
+// query head h_kv * group + r % group, so the heads that share K and V sit in one CTA. For the scores, lane l takes key kv_tile + l of
+// the tile and computes its whole dot product with q (read from shared memory, where every lane
+// sees all of it). For P.V, lane l owns elements [l*E, l*E + E) of the head dimension, E = D/32,
+// so a warp reads each V row as one coalesced 128- or 256-byte access.
+template <typename T, int D, int Br>
+__global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p, const SplitArgs split) {
+  constexpr int E = D / kWarp;
+  __shared__ __align__(16) float smem_q[Br][D];  // [Br][D]: each warp's query row, fp32
+  // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane:
+  // then the row, its key range and the early return below are warp-uniform, and the shuffles
+  // compile to plain SHFL instead of a WARPSYNC.COLLECTIVE emulation for divergent warps.
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarp), 0);
+  const int lane = threadIdx.x % kWarp;
+  const int64_t group = p.hq / p.hkv;
+  const int64_t q_block = blockIdx.x / split.num_splits;
+  const int split_idx = static_cast<int>(blockIdx.x % split.num_splits);
+  const int64_t r = q_block * Br + warp;  // this warp's packed row
+  const int64_t h_kv = blockIdx.y, b = blockIdx.z;
+  if (r >= p.sq * group) return;  // the last query block may be partial; only __syncwarp() follows
+  const int64_t i = r / group, h = h_kv * group + r % group;  // query position and head
+
+  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_seq_stride + h * p.q_head_stride;  // [D]
+  const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;  // [Sk][D], row stride k_seq_stride
+  const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;  // [Sk][D], row stride v_seq_stride
+  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
+
+  // 1. The query row, fp32, in shared memory: each lane needs all of it for its key's score.
+  float q_frag[E];
+  load_as_float<E>(q + lane * E, q_frag);
+#pragma unroll
+  for (int e = 0; e < E; ++e) smem_q[warp][lane * E + e] = q_frag[e];
+  __syncwarp();
+
+  // 2. Keys this row may see: all of them, or with the bottom-right causal mask the first
+  //    i + (Sk - Sq) + 1 (none when that is <= 0: the row is empty). This CTA takes the part of
+  //    them inside its split [kv_begin, kv_end), which may be empty.
+  const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
+  const int64_t kv_begin = split_idx * split.keys_per_split;
+  const int64_t kv_end = min(n_keys, kv_begin + split.keys_per_split);
+
+  // 3. Online softmax over tiles of Bc = 32 keys. m is the running maximum of the scores seen so
+  //    far, l the running sum of exp(score - m) (kept per lane for the lane's own keys, summed
+  //    at the end), o_acc the running sum of exp(score - m) * V. When a tile raises the maximum
+  //    from m to m_new, everything accumulated so far was scaled by exp(-m) and must be rescaled
+  //    by exp(m - m_new): the result is exactly the softmax over all keys seen, and no exp()
+  //    argument is ever positive, so nothing overflows.
+  float m = -INFINITY, l_lane = 0.0f;
+  float o_acc[E] = {};
+  for (int64_t kv_tile = kv_begin; kv_tile < kv_end; kv_tile += kBc) {
+    // 3a. Lane l scores key j = kv_tile + l: its K row in 16-byte loads, four independent partial
+    //     sums (short dependency chains). A lane past kv_end reads the last visible key (always
+    //     in bounds) and is masked to -inf.
+    const int64_t j = kv_tile + lane;
+    const T* k_row = k + min(j, kv_end - 1) * p.k_seq_stride;  // [D]
+    float partial[4] = {};
+#pragma unroll
+    for (int d0 = 0; d0 < D; d0 += 8) {
+      float k8[8];
+      load_as_float<8>(k_row + d0, k8);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) partial[e % 4] += smem_q[warp][d0 + e] * k8[e];
+    }
+    const float s = j < kv_end ? (partial[0] + partial[1] + partial[2] + partial[3]) * p.scale : -INFINITY;
+
+    // 3b. New running maximum; the tile has at least one visible key, so m_new is finite.
+    const float m_new = fmaxf(m, warp_max(s));
+    const float alpha = expf(m - m_new);  // 0 on the first tile (m = -inf)
+    const float p_lane = expf(s - m_new);  // this lane's key; 0 when masked
+    l_lane = l_lane * alpha + p_lane;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_acc[e] *= alpha;
+
+    // 3c. P.V, key by key: p_j comes from the lane that scored key j; every lane adds p_j times
+    //     its slice of V row j. Masked keys have p_j = 0 and read a visible row (in bounds).
+#pragma unroll
+    for (int jj = 0; jj < kBc; ++jj) {
+      const float p_j = __shfl_sync(0xffffffffu, p_lane, jj);
+      float v_frag[E];
+      load_as_float<E>(v + min(kv_tile + jj, kv_end - 1) * p.v_seq_stride + lane * E, v_frag);
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_acc[e] += p_j * v_frag[e];
+    }
+    m = m_new;
+  }
+
+  // 4. Normalise. An empty row or split has l = 0: O = 0 and LSE = -inf.
+  const float l = warp_sum(l_lane);
+  const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o_acc[e] *= inv_l;
+  const float lse = l > 0.0f ? m + logf(l) : -INFINITY;
+  const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
+
+  // 5. One split: this is the answer. Several: write this split's part for the merge.
+  if (split.num_splits == 1) {
+    store_from_float<E>(o + lane * E, o_acc);
+    if (p.lse != nullptr && lane == 0) p.lse[row] = lse;
+  } else {
+    const int64_t n_rows = p.b * p.hq * p.sq;
+    store_floats<E>(split.o_partial + (split_idx * n_rows + row) * D + lane * E, o_acc);
+    if (lane == 0) split.lse_partial[split_idx * n_rows + row] = lse;
+  }
+}
+
+// The merge: one warp per output row. Split s holds O_s (normalised over its keys) and LSE_s.
+// With m = max_s LSE_s (-inf counted as 0 for the shift, so an all-empty row stays finite) and
+// w_s = exp(LSE_s - m):  O = sum_s w_s O_s / sum_s w_s,  LSE = m + log sum_s w_s.
+// Summing the splits in index order keeps the result bit-identical run to run.
+constexpr int kCombineRows = 8;  // rows (warps) per CTA of the merge
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kCombineRows * kWarp) combine_kernel(const AttnParams p, const SplitArgs split) {
+  constexpr int E = D / kWarp;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t n_rows = p.b * p.hq * p.sq;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineRows + warp;
+  if (row >= n_rows) return;
+  const int64_t i = row % p.sq, h = (row / p.sq) % p.hq, b = row / (p.sq * p.hq);
+
+  float m = -INFINITY;
+  for (int s = lane; s < split.num_splits; s += kWarp) m = fmaxf(m, split.lse_partial[s * n_rows + row]);
+  m = warp_max(m);
+  const float shift = m == -INFINITY ? 0.0f : m;
+
+  float sum_w = 0.0f, o_acc[E] = {};
+  for (int s = 0; s < split.num_splits; ++s) {
+    const float w = expf(split.lse_partial[s * n_rows + row] - shift);  // 0 for an empty split
+    float part[E];
+    load_floats<E>(split.o_partial + (s * n_rows + row) * D + lane * E, part);
+    sum_w += w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_acc[e] += w * part[e];
+  }
+  const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o_acc[e] *= inv;
+  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
+  store_from_float<E>(o + lane * E, o_acc);
+  if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+}
+
+using Kernel = void (*)(AttnParams, SplitArgs);
+
+template <int Br>
+Kernel select_kernel(const AttnParams& p) {
+  if (p.dtype == DType::f16) return p.d == 64 ? kv_split_kernel<__half, 64, Br> : kv_split_kernel<__half, 128, Br>;
+  return p.d == 64 ? kv_split_kernel<__nv_bfloat16, 64, Br> : kv_split_kernel<__nv_bfloat16, 128, Br>;
+}
+
+Kernel select_combine(const AttnParams& p) {
+  if (p.dtype == DType::f16) return p.d == 64 ? combine_kernel<__half, 64> : combine_kernel<__half, 128>;
+  return p.d == 64 ? combine_kernel<__nv_bfloat16, 64> : combine_kernel<__nv_bfloat16, 128>;
+}
+
+// Resident CTAs per SM of a kernel, from the occupancy calculator, cached per (kernel, device).
+Status resident_ctas_per_sm(Kernel kernel, int threads, int* out) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> cache;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return Status::Error("cudaGetDevice failed");
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    int n = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0);
+    if (err != cudaSuccess) return Status::Error(std::string("occupancy: ") + cudaGetErrorString(err));
+    it = cache.emplace(key, std::max(n, 1)).first;
+  }
+  *out = it->second;
+  return Status::Ok();
+}
+
+// How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
+// the best wave efficiency (busy slots / all slots over the waves it takes), the smallest such
+// count when several tie, capped by kMaxSplits and by the number of key tiles.
+int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t kv_tiles) {
+  if (ctas_without_split * 10 >= slots * 8) return 1;  // >= 80% of one wave: splitting buys little
+  const int64_t max_splits = std::min<int64_t>(kMaxSplits, kv_tiles);
+  int best = 1;
+  double best_efficiency = 0;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const int64_t ctas = ctas_without_split * s;
+    const int64_t waves = (ctas + slots - 1) / slots;
+    const double efficiency = static_cast<double>(ctas) / static_cast<double>(waves * slots);
+    if (efficiency > best_efficiency + 1e-9) best = static_cast<int>(s), best_efficiency = efficiency;
+  }
+  return best;
+}
+
+// Everything launch() decides for a problem.
+struct Launch {
+  int br = 8;              // packed rows per CTA (warps): 4 when a query block is one GQA group of <= 4 heads
+  int64_t q_blocks = 0;    // ceil(Sq * group / Br)
+  int ctas_per_sm = 0;     // resident CTAs per SM of the main kernel
+  int64_t slots = 0;       // ctas_per_sm * SMs
+  SplitArgs split;         // num_splits and keys_per_split (pointers filled at launch)
+  Kernel kernel = nullptr;
+};
+
+Status make_launch(const AttnParams& p, Launch* out) {
+  const DeviceInfo* device = nullptr;
+  ATTN_TRY(current_device(&device));
+  Launch l;
+  const int64_t packed_rows = p.sq * (p.hq / p.hkv);
+  l.br = packed_rows <= 4 ? 4 : 8;
+  l.kernel = l.br == 4 ? select_kernel<4>(p) : select_kernel<8>(p);
+  l.q_blocks = (packed_rows + l.br - 1) / l.br;
+  ATTN_TRY(resident_ctas_per_sm(l.kernel, l.br * kWarp, &l.ctas_per_sm));
+  l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
+  const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
+  const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, kv_tiles);
+  // Whole tiles per split; recount so that no split is empty by construction.
+  l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
+  l.split.num_splits = static_cast<int>((p.sk + l.split.keys_per_split - 1) / l.split.keys_per_split);
+  constexpr int64_t kMaxGridX = 2147483647, kMaxGridYZ = 65535;
+  if (l.q_blocks * l.split.num_splits > kMaxGridX)
+    return Status::Error("Sq*Hq/Hkv (" + std::to_string(packed_rows) + ") exceeds stage 02's grid limit");
+  if (p.hkv > kMaxGridYZ) return Status::Error("Hkv (" + std::to_string(p.hkv) + ") exceeds stage 02's grid limit 65535");
+  if (p.b > kMaxGridYZ) return Status::Error("B (" + std::to_string(p.b) + ") exceeds stage 02's grid limit 65535");
+  *out = l;
+  return Status::Ok();
+}
+
+size_t workspace_bytes(const AttnParams& p) {
+  Launch l;
+  if (!make_launch(p, &l).ok() || l.split.num_splits == 1) return 0;
+  const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
+  return static_cast<size_t>(l.split.num_splits) * rows * (static_cast<size_t>(p.d) + 1) * sizeof(float);
+}
+
+Status plan(const AttnParams& p, LaunchPlan* out) {
+  Launch l;
+  ATTN_TRY(make_launch(p, &l));
+  out->grid = dim3(static_cast<unsigned>(l.q_blocks * l.split.num_splits), static_cast<unsigned>(p.hkv),
+                   static_cast<unsigned>(p.b));
+  out->block = dim3(l.br * kWarp);
+  out->dynamic_smem_bytes = 0;
+  out->kernel = reinterpret_cast<const void*>(l.kernel);
+  out->notes = "num_splits=" + std::to_string(l.split.num_splits) + " (" + std::to_string(l.q_blocks * p.hkv * p.b) +
+               " CTAs unsplit, " + std::to_string(l.slots) + " resident slots = " + std::to_string(l.ctas_per_sm) +
+               "/SM), " + std::to_string(l.split.keys_per_split) + " keys per split, Br=" + std::to_string(l.br) +
+               " packed rows (GQA group " + std::to_string(p.hq / p.hkv) + "), Bc=" + std::to_string(kBc) +
+               (l.split.num_splits > 1 ? ", + merge kernel" : "");
+  return Status::Ok();
+}
+
+Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
+  ATTN_TRY(validate_params(p));  // before workspace_bytes(), which divides by Hkv
+  ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, workspace_bytes(p)));
+  Launch l;
+  ATTN_TRY(make_launch(p, &l));
+  AttnParams kp = p;
+  kp.scale = effective_scale(p);
+  SplitArgs split = l.split;
+  if (split.num_splits > 1) {
+    const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
+    split.o_partial = static_cast<float*>(ws.ptr);
+    split.lse_partial = split.o_partial + static_cast<size_t>(split.num_splits) * rows * p.d;
+  }
+  const dim3 grid(static_cast<unsigned>(l.q_blocks * split.num_splits), static_cast<unsigned>(p.hkv),
+                  static_cast<unsigned>(p.b));
+  l.kernel<<<grid, l.br * kWarp, 0, stream>>>(kp, split);
+  if (split.num_splits > 1) {
+    const int64_t rows = p.b * p.hq * p.sq;
+    select_combine(p)<<<static_cast<unsigned>((rows + kCombineRows - 1) / kCombineRows), kCombineRows * kWarp, 0,
+                        stream>>>(kp, split);
+  }
+  return check_launch(kStageName);
+}
+
+}  // namespace
+
+StageInfo stage_02_kv_split() {
+  StageInfo s;
+  s.name = kStageName;
+  s.description = "split the keys across CTAs when the grid is too small, merge the partials by LSE; GQA packing";
+  s.min_sm = kMinSm;
+  s.launch = launch;
+  s.plan = plan;
+  s.workspace_bytes = workspace_bytes;
+  s.bench_max_seq = 4096;  // prefill is still stage 01's kernel: ~0.1 s a launch at S=4096
+  return s;
+}
+
+}  // namespace attn
