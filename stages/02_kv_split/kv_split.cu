@@ -71,39 +71,42 @@ __device__ __forceinline__ void load_floats(const float* src, float (&dst)[E]) {
   }
 }
 
-// grid (q_blocks * num_splits, Hkv, B), block Br warps. A CTA's Br rows are packed
-// (query position, head) pairs of one kv head: packed row r is query position r / group of
-// query head h_kv * group + r % group, so the heads that share K and V sit in one CTA. For the scores, lane l takes key kv_tile + l of
-// the tile and computes its whole dot product with q (read from shared memory, where every lane
-// sees all of it). For P.V, lane l owns elements [l*E, l*E + E) of the head dimension, E = D/32,
-// so a warp reads each V row as one coalesced 128- or 256-byte access.
-template <typename T, int D, int Br>
+// grid (q_blocks * num_splits, Hkv, B), block Br warps. GQA packing: a warp handles one query
+// position i for HPW consecutive query heads of kv head h_kv (HPW divides the group size
+// Hq/Hkv), so each K and V row it loads serves all HPW heads. A CTA holds Br such warp rows.
+// For the scores, lane l takes key kv_tile + l of the tile and computes its whole dot product
+// with each head's q (read from shared memory, where every lane sees all of it). For P.V, lane l
+// owns elements [l*E, l*E + E) of the head dimension, E = D/32, so a warp reads each V row as
+// one coalesced 128- or 256-byte access.
+template <typename T, int D, int Br, int HPW>
 __global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p, const SplitArgs split) {
   constexpr int E = D / kWarp;
-  __shared__ __align__(16) float smem_q[Br][D];  // [Br][D]: each warp's query row, fp32
+  __shared__ __align__(16) float smem_q[Br][HPW][D];  // [Br][HPW][D]: each warp's query rows, fp32
   // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane:
   // then the row, its key range and the early return below are warp-uniform, and the shuffles
   // compile to plain SHFL instead of a WARPSYNC.COLLECTIVE emulation for divergent warps.
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarp), 0);
   const int lane = threadIdx.x % kWarp;
-  const int64_t group = p.hq / p.hkv;
+  const int64_t chunks = p.hq / p.hkv / HPW;  // warp rows per query position
   const int64_t q_block = blockIdx.x / split.num_splits;
   const int split_idx = static_cast<int>(blockIdx.x % split.num_splits);
-  const int64_t r = q_block * Br + warp;  // this warp's packed row
+  const int64_t r = q_block * Br + warp;  // this warp's row: (query position, chunk of heads)
   const int64_t h_kv = blockIdx.y, b = blockIdx.z;
-  if (r >= p.sq * group) return;  // the last query block may be partial; only __syncwarp() follows
-  const int64_t i = r / group, h = h_kv * group + r % group;  // query position and head
+  if (r >= p.sq * chunks) return;  // the last query block may be partial; only __syncwarp() follows
+  const int64_t i = r / chunks, h0 = (h_kv * chunks + r % chunks) * HPW;  // query position, first head
 
-  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_seq_stride + h * p.q_head_stride;  // [D]
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;  // [Sk][D], row stride k_seq_stride
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;  // [Sk][D], row stride v_seq_stride
-  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
 
-  // 1. The query row, fp32, in shared memory: each lane needs all of it for its key's score.
-  float q_frag[E];
-  load_as_float<E>(q + lane * E, q_frag);
+  // 1. The query rows of the HPW heads, fp32, in shared memory: each lane needs all of them.
 #pragma unroll
-  for (int e = 0; e < E; ++e) smem_q[warp][lane * E + e] = q_frag[e];
+  for (int hh = 0; hh < HPW; ++hh) {
+    const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_seq_stride + (h0 + hh) * p.q_head_stride;  // [D]
+    float q_frag[E];
+    load_as_float<E>(q + lane * E, q_frag);
+#pragma unroll
+    for (int e = 0; e < E; ++e) smem_q[warp][hh][lane * E + e] = q_frag[e];
+  }
   __syncwarp();
 
   // 2. Keys this row may see: all of them, or with the bottom-right causal mask the first
@@ -113,67 +116,76 @@ __global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p
   const int64_t kv_begin = split_idx * split.keys_per_split;
   const int64_t kv_end = min(n_keys, kv_begin + split.keys_per_split);
 
-  // 3. Online softmax over tiles of Bc = 32 keys. m is the running maximum of the scores seen so
-  //    far, l the running sum of exp(score - m) (kept per lane for the lane's own keys, summed
-  //    at the end), o_acc the running sum of exp(score - m) * V. When a tile raises the maximum
-  //    from m to m_new, everything accumulated so far was scaled by exp(-m) and must be rescaled
-  //    by exp(m - m_new): the result is exactly the softmax over all keys seen, and no exp()
-  //    argument is ever positive, so nothing overflows.
-  float m = -INFINITY, l_lane = 0.0f;
-  float o_acc[E] = {};
+  // 3. Online softmax over tiles of Bc = 32 keys, for each of the HPW heads (see stage 01).
+  float m[HPW], l_lane[HPW], o_acc[HPW][E] = {};
+#pragma unroll
+  for (int hh = 0; hh < HPW; ++hh) m[hh] = -INFINITY, l_lane[hh] = 0.0f;
   for (int64_t kv_tile = kv_begin; kv_tile < kv_end; kv_tile += kBc) {
-    // 3a. Lane l scores key j = kv_tile + l: its K row in 16-byte loads, four independent partial
-    //     sums (short dependency chains). A lane past kv_end reads the last visible key (always
-    //     in bounds) and is masked to -inf.
+    // 3a. Lane l scores key j = kv_tile + l against every head: its K row is loaded once, in
+    //     16-byte pieces. A lane past kv_end reads the last visible key and is masked to -inf.
     const int64_t j = kv_tile + lane;
     const T* k_row = k + min(j, kv_end - 1) * p.k_seq_stride;  // [D]
-    float partial[4] = {};
+    float partial[HPW][2] = {};
 #pragma unroll
     for (int d0 = 0; d0 < D; d0 += 8) {
       float k8[8];
       load_as_float<8>(k_row + d0, k8);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) partial[e % 4] += smem_q[warp][d0 + e] * k8[e];
-    }
-    const float s = j < kv_end ? (partial[0] + partial[1] + partial[2] + partial[3]) * p.scale : -INFINITY;
-
-    // 3b. New running maximum; the tile has at least one visible key, so m_new is finite.
-    const float m_new = fmaxf(m, warp_max(s));
-    const float alpha = expf(m - m_new);  // 0 on the first tile (m = -inf)
-    const float p_lane = expf(s - m_new);  // this lane's key; 0 when masked
-    l_lane = l_lane * alpha + p_lane;
+      for (int hh = 0; hh < HPW; ++hh)
 #pragma unroll
-    for (int e = 0; e < E; ++e) o_acc[e] *= alpha;
+        for (int e = 0; e < 8; ++e) partial[hh][e % 2] += smem_q[warp][hh][d0 + e] * k8[e];
+    }
 
-    // 3c. P.V, key by key: p_j comes from the lane that scored key j; every lane adds p_j times
-    //     its slice of V row j. Masked keys have p_j = 0 and read a visible row (in bounds).
+    // 3b. New running maximum per head; P for this lane's key.
+    float p_lane[HPW];
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh) {
+      const float s = j < kv_end ? (partial[hh][0] + partial[hh][1]) * p.scale : -INFINITY;
+      const float m_new = fmaxf(m[hh], warp_max(s));  // finite: the tile has a visible key
+      const float alpha = expf(m[hh] - m_new);         // 0 on the first tile (m = -inf)
+      p_lane[hh] = expf(s - m_new);                     // 0 when masked
+      l_lane[hh] = l_lane[hh] * alpha + p_lane[hh];
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_acc[hh][e] *= alpha;
+      m[hh] = m_new;
+    }
+
+    // 3c. P.V, key by key: p_j comes from the lane that scored key j; the V row is loaded once
+    //     for all heads. Masked keys have p_j = 0 and read a visible row (in bounds).
 #pragma unroll
     for (int jj = 0; jj < kBc; ++jj) {
-      const float p_j = __shfl_sync(0xffffffffu, p_lane, jj);
       float v_frag[E];
       load_as_float<E>(v + min(kv_tile + jj, kv_end - 1) * p.v_seq_stride + lane * E, v_frag);
 #pragma unroll
-      for (int e = 0; e < E; ++e) o_acc[e] += p_j * v_frag[e];
+      for (int hh = 0; hh < HPW; ++hh) {
+        const float p_j = __shfl_sync(0xffffffffu, p_lane[hh], jj);
+#pragma unroll
+        for (int e = 0; e < E; ++e) o_acc[hh][e] += p_j * v_frag[e];
+      }
     }
-    m = m_new;
   }
 
   // 4. Normalise. An empty row or split has l = 0: O = 0 and LSE = -inf.
-  const float l = warp_sum(l_lane);
-  const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+  const int64_t n_rows = p.b * p.hq * p.sq;
 #pragma unroll
-  for (int e = 0; e < E; ++e) o_acc[e] *= inv_l;
-  const float lse = l > 0.0f ? m + logf(l) : -INFINITY;
-  const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
+  for (int hh = 0; hh < HPW; ++hh) {
+    const float l = warp_sum(l_lane[hh]);
+    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_acc[hh][e] *= inv_l;
+    const float lse = l > 0.0f ? m[hh] + logf(l) : -INFINITY;
+    const int64_t h = h0 + hh;
+    const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
 
-  // 5. One split: this is the answer. Several: write this split's part for the merge.
-  if (split.num_splits == 1) {
-    store_from_float<E>(o + lane * E, o_acc);
-    if (p.lse != nullptr && lane == 0) p.lse[row] = lse;
-  } else {
-    const int64_t n_rows = p.b * p.hq * p.sq;
-    store_floats<E>(split.o_partial + (split_idx * n_rows + row) * D + lane * E, o_acc);
-    if (lane == 0) split.lse_partial[split_idx * n_rows + row] = lse;
+    // 5. One split: this is the answer. Several: write this split's part for the merge.
+    if (split.num_splits == 1) {
+      T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
+      store_from_float<E>(o + lane * E, o_acc[hh]);
+      if (p.lse != nullptr && lane == 0) p.lse[row] = lse;
+    } else {
+      store_floats<E>(split.o_partial + (split_idx * n_rows + row) * D + lane * E, o_acc[hh]);
+      if (lane == 0) split.lse_partial[split_idx * n_rows + row] = lse;
+    }
   }
 }
 
@@ -216,10 +228,26 @@ __global__ void __launch_bounds__(kCombineRows * kWarp) combine_kernel(const Att
 
 using Kernel = void (*)(AttnParams, SplitArgs);
 
-template <int Br>
+template <int Br, int HPW>
 Kernel select_kernel(const AttnParams& p) {
-  if (p.dtype == DType::f16) return p.d == 64 ? kv_split_kernel<__half, 64, Br> : kv_split_kernel<__half, 128, Br>;
-  return p.d == 64 ? kv_split_kernel<__nv_bfloat16, 64, Br> : kv_split_kernel<__nv_bfloat16, 128, Br>;
+  if (p.dtype == DType::f16)
+    return p.d == 64 ? kv_split_kernel<__half, 64, Br, HPW> : kv_split_kernel<__half, 128, Br, HPW>;
+  return p.d == 64 ? kv_split_kernel<__nv_bfloat16, 64, Br, HPW> : kv_split_kernel<__nv_bfloat16, 128, Br, HPW>;
+}
+
+// Heads per warp: the largest of 8, 4, 2, 1 that divides the GQA group. Without grouping (HPW = 1)
+// a CTA holds 8 rows as in stage 01; with it, one warp per CTA, so that decode's few warp rows
+// still spread over many CTAs.
+Kernel select_kernel(const AttnParams& p, int* br, int* hpw) {
+  const int64_t group = p.hq / p.hkv;
+  *hpw = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+  *br = *hpw == 1 ? 8 : 1;
+  switch (*hpw) {
+    case 8: return select_kernel<1, 8>(p);
+    case 4: return select_kernel<1, 4>(p);
+    case 2: return select_kernel<1, 2>(p);
+    default: return select_kernel<8, 1>(p);
+  }
 }
 
 Kernel select_combine(const AttnParams& p) {
@@ -265,8 +293,9 @@ int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t kv_tile
 
 // Everything launch() decides for a problem.
 struct Launch {
-  int br = 8;              // packed rows per CTA (warps): 4 when a query block is one GQA group of <= 4 heads
-  int64_t q_blocks = 0;    // ceil(Sq * group / Br)
+  int br = 8;              // warp rows per CTA
+  int hpw = 1;             // query heads per warp (GQA packing)
+  int64_t q_blocks = 0;    // ceil(Sq * group / HPW / Br)
   int ctas_per_sm = 0;     // resident CTAs per SM of the main kernel
   int64_t slots = 0;       // ctas_per_sm * SMs
   SplitArgs split;         // num_splits and keys_per_split (pointers filled at launch)
@@ -277,9 +306,8 @@ Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
   Launch l;
-  const int64_t packed_rows = p.sq * (p.hq / p.hkv);
-  l.br = packed_rows <= 4 ? 4 : 8;
-  l.kernel = l.br == 4 ? select_kernel<4>(p) : select_kernel<8>(p);
+  l.kernel = select_kernel(p, &l.br, &l.hpw);
+  const int64_t packed_rows = p.sq * (p.hq / p.hkv / l.hpw);  // warp rows per (batch, kv head)
   l.q_blocks = (packed_rows + l.br - 1) / l.br;
   ATTN_TRY(resident_ctas_per_sm(l.kernel, l.br * kWarp, &l.ctas_per_sm));
   l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
@@ -315,7 +343,8 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
   out->notes = "num_splits=" + std::to_string(l.split.num_splits) + " (" + std::to_string(l.q_blocks * p.hkv * p.b) +
                " CTAs unsplit, " + std::to_string(l.slots) + " resident slots = " + std::to_string(l.ctas_per_sm) +
                "/SM), " + std::to_string(l.split.keys_per_split) + " keys per split, Br=" + std::to_string(l.br) +
-               " packed rows (GQA group " + std::to_string(p.hq / p.hkv) + "), Bc=" + std::to_string(kBc) +
+               " warp rows of " + std::to_string(l.hpw) + " heads (GQA group " + std::to_string(p.hq / p.hkv) +
+               "), Bc=" + std::to_string(kBc) +
                (l.split.num_splits > 1 ? ", + merge kernel" : "");
   return Status::Ok();
 }
