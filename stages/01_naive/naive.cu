@@ -22,6 +22,8 @@ namespace {
 constexpr const char* kStageName = "01_naive";
 constexpr int kMinSm = 80;
 constexpr int kWarp = 32;
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
+constexpr float kLn2 = 0.6931471805599453f;     // ln(2): LSE back to natural log
 constexpr int kBr = 8;      // query rows per CTA = warps per CTA
 constexpr int kBc = kWarp;  // keys per step of the online softmax: one per lane
 
@@ -99,8 +101,8 @@ __global__ void __launch_bounds__(kBr * kWarp) naive_attention_kernel(const Attn
 
     // 3b. New running maximum; the tile has at least one visible key, so m_new is finite.
     const float m_new = fmaxf(m, warp_max(s));
-    const float alpha = expf(m - m_new);  // 0 on the first tile (m = -inf)
-    const float p_lane = expf(s - m_new);  // this lane's key; 0 when masked
+    const float alpha = exp2f(m - m_new);  // 0 on the first tile (m = -inf)
+    const float p_lane = exp2f(s - m_new);  // this lane's key; 0 when masked
     l_lane = l_lane * alpha + p_lane;
 #pragma unroll
     for (int e = 0; e < E; ++e) o_acc[e] *= alpha;
@@ -125,7 +127,7 @@ __global__ void __launch_bounds__(kBr * kWarp) naive_attention_kernel(const Attn
   for (int e = 0; e < E; ++e) o_acc[e] *= inv_l;
   store_from_float<E>(o + lane * E, o_acc);
   if (p.lse != nullptr && lane == 0) {
-    p.lse[(b * p.hq + h) * p.sq + i] = l > 0.0f ? m + logf(l) : -INFINITY;
+    p.lse[(b * p.hq + h) * p.sq + i] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
   }
 }
 
@@ -154,7 +156,8 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   LaunchPlan lp;
   ATTN_TRY(plan(p, &lp));
   AttnParams kp = p;
-  kp.scale = effective_scale(p);
+  // Scores in log2 units: exp(x) = exp2(x * log2(e)), and exp2f is one MUFU.EX2 instruction.
+  kp.scale = effective_scale(p) * kLog2e;
   select_kernel(p)<<<lp.grid, lp.block, 0, stream>>>(kp);
   return check_launch(kStageName);
 }

@@ -28,8 +28,10 @@ namespace {
 constexpr const char* kStageName = "02_kv_split";
 constexpr int kMinSm = 80;
 constexpr int kWarp = 32;
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
+constexpr float kLn2 = 0.6931471805599453f;     // ln(2): LSE back to natural log
 constexpr int kBc = kWarp;       // keys per step of the online softmax: one per lane
-constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
+constexpr int kMaxSplits = 512;  // cap: beyond this the merge costs more than the parallelism buys
 
 // Where the CTAs of one (batch, kv head, query block) put their partial results.
 struct SplitArgs {
@@ -142,8 +144,8 @@ __global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p
     for (int hh = 0; hh < HPW; ++hh) {
       const float s = j < kv_end ? (partial[hh][0] + partial[hh][1]) * p.scale : -INFINITY;
       const float m_new = fmaxf(m[hh], warp_max(s));  // finite: the tile has a visible key
-      const float alpha = expf(m[hh] - m_new);         // 0 on the first tile (m = -inf)
-      p_lane[hh] = expf(s - m_new);                     // 0 when masked
+      const float alpha = exp2f(m[hh] - m_new);         // 0 on the first tile (m = -inf)
+      p_lane[hh] = exp2f(s - m_new);                     // 0 when masked
       l_lane[hh] = l_lane[hh] * alpha + p_lane[hh];
 #pragma unroll
       for (int e = 0; e < E; ++e) o_acc[hh][e] *= alpha;
@@ -173,7 +175,7 @@ __global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p
     const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) o_acc[hh][e] *= inv_l;
-    const float lse = l > 0.0f ? m[hh] + logf(l) : -INFINITY;
+    const float lse = l > 0.0f ? (m[hh] + log2f(l)) * kLn2 : -INFINITY;
     const int64_t h = h0 + hh;
     const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
 
@@ -355,7 +357,8 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   Launch l;
   ATTN_TRY(make_launch(p, &l));
   AttnParams kp = p;
-  kp.scale = effective_scale(p);
+  // Scores in log2 units: exp(x) = exp2(x * log2(e)), and exp2f is one MUFU.EX2 instruction.
+  kp.scale = effective_scale(p) * kLog2e;
   SplitArgs split = l.split;
   if (split.num_splits > 1) {
     const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
