@@ -107,11 +107,20 @@ __global__ void __launch_bounds__(kBr * kWarp) naive_attention_kernel(const Attn
     //     elements. The transposed reduction then leaves lane l with the score of key
     //     j = kv_tile + (l % L) * 32/L + l / L. Keys past n_keys re-read the last visible key
     //     (always in bounds) and are masked to -inf.
+    Pack<8> k_tile[kLanesPerRow];  // all of the tile's loads issued before any is used
+#pragma unroll
+    for (int r = 0; r < kLanesPerRow; ++r) {
+      k_tile[r] = load_pack<8>(k + min(kv_tile + r * kRowsPerLoad + sub_row, n_keys - 1) * p.k_seq_stride + chunk * 8);
+    }
+    // A fence for the compiler's scheduler: without it, ptxas interleaves each load with the
+    // FMAs of an earlier one to save registers, and in-order issue then stalls on the first load
+    // with only ~3 in flight. After it, all L loads are in flight before the first is waited on.
+    __syncwarp();
     float partial[kLanesPerRow];
 #pragma unroll
     for (int r = 0; r < kLanesPerRow; ++r) {
       float k8[8];
-      load_as_float<8>(k + min(kv_tile + r * kRowsPerLoad + sub_row, n_keys - 1) * p.k_seq_stride + chunk * 8, k8);
+      unpack_to_float<T>(k_tile[r], k8);
       partial[r] = 0.0f;
 #pragma unroll
       for (int e = 0; e < 8; ++e) partial[r] += q8[e] * k8[e];
@@ -130,13 +139,23 @@ __global__ void __launch_bounds__(kBr * kWarp) naive_attention_kernel(const Attn
 
     // 3c. P.V, key by key: p_j comes from the lane that scored key kv_tile + jj; every lane adds
     //     p_j times its slice of V row j. Masked keys have p_j = 0 and read a visible row.
+    constexpr int kVRows = kBc / 2;  // V rows loaded together (two batches per tile)
 #pragma unroll
-    for (int jj = 0; jj < kBc; ++jj) {
-      const float p_j = __shfl_sync(0xffffffffu, p_lane, (jj % kRowsPerLoad) * kLanesPerRow + jj / kRowsPerLoad);
-      float v_frag[E];
-      load_as_float<E>(v + min(kv_tile + jj, n_keys - 1) * p.v_seq_stride + lane * E, v_frag);
+    for (int half = 0; half < kBc; half += kVRows) {
+      Pack<E> v_tile[kVRows];
 #pragma unroll
-      for (int e = 0; e < E; ++e) o_acc[e] += p_j * v_frag[e];
+      for (int jj = 0; jj < kVRows; ++jj) {
+        v_tile[jj] = load_pack<E>(v + min(kv_tile + half + jj, n_keys - 1) * p.v_seq_stride + lane * E);
+      }
+      __syncwarp();  // the same scheduling fence as for K
+#pragma unroll
+      for (int jj = half; jj < half + kVRows; ++jj) {
+        const float p_j = __shfl_sync(0xffffffffu, p_lane, (jj % kRowsPerLoad) * kLanesPerRow + jj / kRowsPerLoad);
+        float v_frag[E];
+        unpack_to_float<T>(v_tile[jj - half], v_frag);
+#pragma unroll
+        for (int e = 0; e < E; ++e) o_acc[e] += p_j * v_frag[e];
+      }
     }
     m = m_new;
   }

@@ -145,11 +145,20 @@ __global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p
     // 3a. Scores. Load r brings keys kv_tile + r*32/L + (lane / L), used for every head; the
     //     transposed reduction then leaves lane l with key j = kv_tile + (l % L) * 32/L + l / L.
     //     Keys past kv_end re-read the last visible key and are masked to -inf.
+    Pack<8> k_tile[kLanesPerRow];  // all of the tile's loads issued before any is used
+#pragma unroll
+    for (int r = 0; r < kLanesPerRow; ++r) {
+      k_tile[r] = load_pack<8>(k + min(kv_tile + r * kRowsPerLoad + sub_row, kv_end - 1) * p.k_seq_stride + chunk * 8);
+    }
+    // A fence for the compiler's scheduler: without it, ptxas interleaves each load with the
+    // FMAs of an earlier one to save registers, and in-order issue then stalls on the first load
+    // with only ~3 in flight. After it, all L loads are in flight before the first is waited on.
+    __syncwarp();
     float partial[HPW][kLanesPerRow];
 #pragma unroll
     for (int r = 0; r < kLanesPerRow; ++r) {
       float k8[8];
-      load_as_float<8>(k + min(kv_tile + r * kRowsPerLoad + sub_row, kv_end - 1) * p.k_seq_stride + chunk * 8, k8);
+      unpack_to_float<T>(k_tile[r], k8);
 #pragma unroll
       for (int hh = 0; hh < HPW; ++hh) {
         partial[hh][r] = 0.0f;
@@ -176,15 +185,25 @@ __global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p
 
     // 3c. P.V, key by key: p_j comes from the lane that scored key kv_tile + jj; the V row is
     //     loaded once for all heads. Masked keys have p_j = 0 and read a visible row.
+    constexpr int kVRows = kBc / 2;  // V rows loaded together (two batches per tile)
 #pragma unroll
-    for (int jj = 0; jj < kBc; ++jj) {
-      float v_frag[E];
-      load_as_float<E>(v + min(kv_tile + jj, kv_end - 1) * p.v_seq_stride + lane * E, v_frag);
+    for (int half = 0; half < kBc; half += kVRows) {
+      Pack<E> v_tile[kVRows];
 #pragma unroll
-      for (int hh = 0; hh < HPW; ++hh) {
-        const float p_j = __shfl_sync(0xffffffffu, p_lane[hh], (jj % kRowsPerLoad) * kLanesPerRow + jj / kRowsPerLoad);
+      for (int jj = 0; jj < kVRows; ++jj) {
+        v_tile[jj] = load_pack<E>(v + min(kv_tile + half + jj, kv_end - 1) * p.v_seq_stride + lane * E);
+      }
+      __syncwarp();  // the same scheduling fence as for K
 #pragma unroll
-        for (int e = 0; e < E; ++e) o_acc[hh][e] += p_j * v_frag[e];
+      for (int jj = half; jj < half + kVRows; ++jj) {
+        float v_frag[E];
+        unpack_to_float<T>(v_tile[jj - half], v_frag);
+#pragma unroll
+        for (int hh = 0; hh < HPW; ++hh) {
+          const float p_j = __shfl_sync(0xffffffffu, p_lane[hh], (jj % kRowsPerLoad) * kLanesPerRow + jj / kRowsPerLoad);
+#pragma unroll
+          for (int e = 0; e < E; ++e) o_acc[hh][e] += p_j * v_frag[e];
+        }
       }
     }
   }
@@ -263,13 +282,23 @@ Kernel select_kernel(const AttnParams& p) {
 // partial scores of all heads in registers). Without grouping (HPW = 1)
 // a CTA holds 8 rows as in stage 01; with it, one warp per CTA, so that decode's few warp rows
 // still spread over many CTAs.
+#ifndef ATTN_KVS_MAXHPW
+#define ATTN_KVS_MAXHPW 4
+#endif
 Kernel select_kernel(const AttnParams& p, int* br, int* hpw) {
   const int64_t group = p.hq / p.hkv;
-  *hpw = group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
-  *br = *hpw == 1 ? 8 : 1;
-  switch (*hpw) {
-    case 4: return select_kernel<1, 4>(p);
-    case 2: return select_kernel<1, 2>(p);
+  *hpw = group % 4 == 0 && ATTN_KVS_MAXHPW >= 4 ? 4 : group % 2 == 0 && ATTN_KVS_MAXHPW >= 2 ? 2 : 1;
+  const int64_t warp_rows = p.sq * (group / *hpw);  // per (batch, kv head)
+  *br = warp_rows >= 8 ? 8 : warp_rows >= 4 ? 4 : 1;
+  switch (*hpw * 10 + *br) {
+    case 41: return select_kernel<1, 4>(p);
+    case 44: return select_kernel<4, 4>(p);
+    case 48: return select_kernel<8, 4>(p);
+    case 21: return select_kernel<1, 2>(p);
+    case 24: return select_kernel<4, 2>(p);
+    case 28: return select_kernel<8, 2>(p);
+    case 11: return select_kernel<1, 1>(p);
+    case 14: return select_kernel<4, 1>(p);
     default: return select_kernel<8, 1>(p);
   }
 }
