@@ -3,9 +3,9 @@
 //
 // Stage 01 (this file): FlashAttention's algorithm in its most direct form.
 // One CTA per (query block of Br rows, head, batch); one warp per query row. The warp streams
-// over the row's visible keys Bc = 32 at a time with an online softmax in fp32, so the Sq x Sk
-// score matrix never exists in memory. No shared memory, no tensor cores: every K and V row is
-// read from global memory (through L1/L2) by every warp that needs it.
+// over the row's visible keys Bc = 32 at a time, one key per lane, with an online softmax in
+// fp32, so the Sq x Sk score matrix never exists in memory. No shared-memory tiles, no tensor
+// cores: every K and V row is read from global memory (through L1/L2) by every warp that needs it.
 //
 // Figures (H200, results/h200/, commit ec2d653): seed 55.6 us (FA2 5.16 us: 0.09x);
 // prefill_d128_s4096 2.30 TFLOP/s (FA2 334); decode_b1_sk131072 4.8 GB/s (copy 4241).
@@ -34,25 +34,6 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// N rows' partial sums, spread over groups of N consecutive lanes (partial[r] is this lane's
-// part of row r), reduced so that lane c of each group ends with the whole sum of row c.
-// Each step halves the rows a lane keeps and sends the other half to its partner: N - 1
-// shuffles for N rows, instead of N * log2(N) for N separate butterflies.
-template <int N>
-__device__ __forceinline__ float reduce_transposed(float (&partial)[N], int lane) {
-#pragma unroll
-  for (int w = N / 2; w >= 1; w /= 2) {
-    const bool upper = lane & w;
-#pragma unroll
-    for (int r = 0; r < w; ++r) {
-      const float send = upper ? partial[r] : partial[r + w];
-      const float keep = upper ? partial[r + w] : partial[r];
-      partial[r] = keep + __shfl_xor_sync(0xffffffffu, send, w);
-    }
-  }
-  return partial[0];
-}
-
 // Maximum over the 32 lanes; every lane receives it.
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
@@ -60,25 +41,22 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
-// grid (ceil(Sq/Br), Hq, B), block Br warps. K is read by whole rows: the L = D/8 lanes of a
-// lane group load one row in 16-byte pieces (lane c of the group: elements [8c, 8c + 8)), so a
-// warp-wide load covers 32/L complete rows; after the reduction lane l holds one key's score.
-// For P.V, lane l owns elements [l*E, l*E + E) of the head dimension, E = D/32, so a warp reads
-// each V row as one coalesced 128- or 256-byte access.
+// grid (ceil(Sq/Br), Hq, B), block Br warps. For the scores, lane l takes key kv_tile + l of
+// the tile and computes its whole dot product with q (read from shared memory, where every lane
+// sees all of it). For P.V, lane l owns elements [l*E, l*E + E) of the head dimension, E = D/32,
+// so a warp reads each V row as one coalesced 128- or 256-byte access.
 template <typename T, int D>
 __global__ void __launch_bounds__(kBr * kWarp) naive_attention_kernel(const AttnParams p) {
   constexpr int E = D / kWarp;
-  constexpr int kLanesPerRow = D / 8;                 // L: 8 (D=64) or 16 (D=128)
-  constexpr int kRowsPerLoad = kWarp / kLanesPerRow;  // 4 or 2 K rows per warp-wide load
+  __shared__ __align__(16) float smem_q[kBr][D];  // [Br][D]: each warp's query row, fp32
   // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane:
   // then the row, its key range and the early return below are warp-uniform, and the shuffles
   // compile to plain SHFL instead of a WARPSYNC.COLLECTIVE emulation for divergent warps.
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarp), 0);
   const int lane = threadIdx.x % kWarp;
-  const int chunk = lane % kLanesPerRow, sub_row = lane / kLanesPerRow;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kBr + warp;  // this warp's query row
   const int64_t h = blockIdx.y, b = blockIdx.z;
-  if (i >= p.sq) return;  // the last query block may be partial; no barrier follows
+  if (i >= p.sq) return;  // the last query block may be partial; only __syncwarp() follows
   const int64_t h_kv = h / (p.hq / p.hkv);  // grouped-query attention: heads share K/V
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_seq_stride + h * p.q_head_stride;  // [D]
@@ -86,9 +64,12 @@ __global__ void __launch_bounds__(kBr * kWarp) naive_attention_kernel(const Attn
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;  // [Sk][D], row stride v_seq_stride
   T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
 
-  // 1. This lane's 8 elements of the query row (the same piece of every K row it loads), fp32.
-  float q8[8];
-  load_as_float<8>(q + chunk * 8, q8);
+  // 1. The query row, fp32, in shared memory: each lane needs all of it for its key's score.
+  float q_frag[E];
+  load_as_float<E>(q + lane * E, q_frag);
+#pragma unroll
+  for (int e = 0; e < E; ++e) smem_q[warp][lane * E + e] = q_frag[e];
+  __syncwarp();
 
   // 2. Keys this row may see: all of them, or with the bottom-right causal mask the first
   //    i + (Sk - Sq) + 1 (none when that is <= 0: the row is empty).
@@ -103,31 +84,20 @@ __global__ void __launch_bounds__(kBr * kWarp) naive_attention_kernel(const Attn
   float m = -INFINITY, l_lane = 0.0f;
   float o_acc[E] = {};
   for (int64_t kv_tile = 0; kv_tile < n_keys; kv_tile += kBc) {
-    // 3a. Scores. Load r brings keys kv_tile + r*32/L + (lane / L); each lane multiplies its 8
-    //     elements. The transposed reduction then leaves lane l with the score of key
-    //     j = kv_tile + (l % L) * 32/L + l / L. Keys past n_keys re-read the last visible key
-    //     (always in bounds) and are masked to -inf.
-    Pack<8> k_tile[kLanesPerRow];  // all of the tile's loads issued before any is used
+    // 3a. Lane l scores key j = kv_tile + l: its K row in 16-byte loads, four independent partial
+    //     sums (short dependency chains). A lane past n_keys reads the last visible key (always
+    //     in bounds) and is masked to -inf.
+    const int64_t j = kv_tile + lane;
+    const T* k_row = k + min(j, n_keys - 1) * p.k_seq_stride;  // [D]
+    float partial[4] = {};
 #pragma unroll
-    for (int r = 0; r < kLanesPerRow; ++r) {
-      k_tile[r] = load_pack<8>(k + min(kv_tile + r * kRowsPerLoad + sub_row, n_keys - 1) * p.k_seq_stride + chunk * 8);
-    }
-    // A fence for the compiler's scheduler: without it, ptxas interleaves each load with the
-    // FMAs of an earlier one to save registers, and in-order issue then stalls on the first load
-    // with only ~3 in flight. After it, all L loads are in flight before the first is waited on.
-    __syncwarp();
-    float partial[kLanesPerRow];
-#pragma unroll
-    for (int r = 0; r < kLanesPerRow; ++r) {
+    for (int d0 = 0; d0 < D; d0 += 8) {
       float k8[8];
-      unpack_to_float<T>(k_tile[r], k8);
-      partial[r] = 0.0f;
+      load_as_float<8>(k_row + d0, k8);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) partial[r] += q8[e] * k8[e];
+      for (int e = 0; e < 8; ++e) partial[e % 4] += smem_q[warp][d0 + e] * k8[e];
     }
-    const float dot = reduce_transposed<kLanesPerRow>(partial, lane);
-    const int64_t j = kv_tile + chunk * kRowsPerLoad + sub_row;  // the key this lane scored
-    const float s = j < n_keys ? dot * p.scale : -INFINITY;
+    const float s = j < n_keys ? (partial[0] + partial[1] + partial[2] + partial[3]) * p.scale : -INFINITY;
 
     // 3b. New running maximum; the tile has at least one visible key, so m_new is finite.
     const float m_new = fmaxf(m, warp_max(s));
@@ -137,25 +107,15 @@ __global__ void __launch_bounds__(kBr * kWarp) naive_attention_kernel(const Attn
 #pragma unroll
     for (int e = 0; e < E; ++e) o_acc[e] *= alpha;
 
-    // 3c. P.V, key by key: p_j comes from the lane that scored key kv_tile + jj; every lane adds
-    //     p_j times its slice of V row j. Masked keys have p_j = 0 and read a visible row.
-    constexpr int kVRows = kBc / 2;  // V rows loaded together (two batches per tile)
+    // 3c. P.V, key by key: p_j comes from the lane that scored key j; every lane adds p_j times
+    //     its slice of V row j. Masked keys have p_j = 0 and read a visible row (in bounds).
 #pragma unroll
-    for (int half = 0; half < kBc; half += kVRows) {
-      Pack<E> v_tile[kVRows];
+    for (int jj = 0; jj < kBc; ++jj) {
+      const float p_j = __shfl_sync(0xffffffffu, p_lane, jj);
+      float v_frag[E];
+      load_as_float<E>(v + min(kv_tile + jj, n_keys - 1) * p.v_seq_stride + lane * E, v_frag);
 #pragma unroll
-      for (int jj = 0; jj < kVRows; ++jj) {
-        v_tile[jj] = load_pack<E>(v + min(kv_tile + half + jj, n_keys - 1) * p.v_seq_stride + lane * E);
-      }
-      __syncwarp();  // the same scheduling fence as for K
-#pragma unroll
-      for (int jj = half; jj < half + kVRows; ++jj) {
-        const float p_j = __shfl_sync(0xffffffffu, p_lane, (jj % kRowsPerLoad) * kLanesPerRow + jj / kRowsPerLoad);
-        float v_frag[E];
-        unpack_to_float<T>(v_tile[jj - half], v_frag);
-#pragma unroll
-        for (int e = 0; e < E; ++e) o_acc[e] += p_j * v_frag[e];
-      }
+      for (int e = 0; e < E; ++e) o_acc[e] += p_j * v_frag[e];
     }
     m = m_new;
   }

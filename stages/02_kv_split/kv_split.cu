@@ -31,7 +31,7 @@ constexpr int kWarp = 32;
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
 constexpr float kLn2 = 0.6931471805599453f;     // ln(2): LSE back to natural log
 constexpr int kBc = kWarp;       // keys per step of the online softmax: one per lane
-constexpr int kMaxSplits = 512;  // cap: beyond this the merge costs more than the parallelism buys
+constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
 
 // Where the CTAs of one (batch, kv head, query block) put their partial results.
 struct SplitArgs {
@@ -46,25 +46,6 @@ __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int offset = kWarp / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
-}
-
-// N rows' partial sums, spread over groups of N consecutive lanes (partial[r] is this lane's
-// part of row r), reduced so that lane c of each group ends with the whole sum of row c.
-// Each step halves the rows a lane keeps and sends the other half to its partner: N - 1
-// shuffles for N rows, instead of N * log2(N) for N separate butterflies.
-template <int N>
-__device__ __forceinline__ float reduce_transposed(float (&partial)[N], int lane) {
-#pragma unroll
-  for (int w = N / 2; w >= 1; w /= 2) {
-    const bool upper = lane & w;
-#pragma unroll
-    for (int r = 0; r < w; ++r) {
-      const float send = upper ? partial[r] : partial[r + w];
-      const float keep = upper ? partial[r + w] : partial[r];
-      partial[r] = keep + __shfl_xor_sync(0xffffffffu, send, w);
-    }
-  }
-  return partial[0];
 }
 
 // Maximum over the 32 lanes; every lane receives it.
@@ -95,40 +76,40 @@ __device__ __forceinline__ void load_floats(const float* src, float (&dst)[E]) {
 // grid (q_blocks * num_splits, Hkv, B), block Br warps. GQA packing: a warp handles one query
 // position i for HPW consecutive query heads of kv head h_kv (HPW divides the group size
 // Hq/Hkv), so each K and V row it loads serves all HPW heads. A CTA holds Br such warp rows.
-// K is read by whole rows: the L = D/8 lanes of a lane group load one row in 16-byte pieces
-// (lane c of the group: elements [8c, 8c + 8)), so a warp-wide load covers 32/L complete rows;
-// after the reduction lane l holds one key's score. For P.V, lane l owns elements
-// [l*E, l*E + E) of the head dimension, E = D/32, so a warp reads each V row as one coalesced
-// 128- or 256-byte access.
+// For the scores, lane l takes key kv_tile + l of the tile and computes its whole dot product
+// with each head's q (read from shared memory, where every lane sees all of it). For P.V, lane l
+// owns elements [l*E, l*E + E) of the head dimension, E = D/32, so a warp reads each V row as
+// one coalesced 128- or 256-byte access.
 template <typename T, int D, int Br, int HPW>
 __global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p, const SplitArgs split) {
   constexpr int E = D / kWarp;
-  constexpr int kLanesPerRow = D / 8;                 // L: 8 (D=64) or 16 (D=128)
-  constexpr int kRowsPerLoad = kWarp / kLanesPerRow;  // 4 or 2 K rows per warp-wide load
+  __shared__ __align__(16) float smem_q[Br][HPW][D];  // [Br][HPW][D]: each warp's query rows, fp32
   // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane:
   // then the row, its key range and the early return below are warp-uniform, and the shuffles
   // compile to plain SHFL instead of a WARPSYNC.COLLECTIVE emulation for divergent warps.
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarp), 0);
   const int lane = threadIdx.x % kWarp;
-  const int chunk = lane % kLanesPerRow, sub_row = lane / kLanesPerRow;
   const int64_t chunks = p.hq / p.hkv / HPW;  // warp rows per query position
   const int64_t q_block = blockIdx.x / split.num_splits;
   const int split_idx = static_cast<int>(blockIdx.x % split.num_splits);
   const int64_t r = q_block * Br + warp;  // this warp's row: (query position, chunk of heads)
   const int64_t h_kv = blockIdx.y, b = blockIdx.z;
-  if (r >= p.sq * chunks) return;  // the last query block may be partial; no barrier follows
+  if (r >= p.sq * chunks) return;  // the last query block may be partial; only __syncwarp() follows
   const int64_t i = r / chunks, h0 = (h_kv * chunks + r % chunks) * HPW;  // query position, first head
 
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;  // [Sk][D], row stride k_seq_stride
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;  // [Sk][D], row stride v_seq_stride
 
-  // 1. This lane's 8 elements of each head's query row (the same piece of every K row it loads).
-  float q8[HPW][8];
+  // 1. The query rows of the HPW heads, fp32, in shared memory: each lane needs all of them.
 #pragma unroll
   for (int hh = 0; hh < HPW; ++hh) {
     const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_seq_stride + (h0 + hh) * p.q_head_stride;  // [D]
-    load_as_float<8>(q + chunk * 8, q8[hh]);
+    float q_frag[E];
+    load_as_float<E>(q + lane * E, q_frag);
+#pragma unroll
+    for (int e = 0; e < E; ++e) smem_q[warp][hh][lane * E + e] = q_frag[e];
   }
+  __syncwarp();
 
   // 2. Keys this row may see: all of them, or with the bottom-right causal mask the first
   //    i + (Sk - Sq) + 1 (none when that is <= 0: the row is empty). This CTA takes the part of
@@ -142,38 +123,26 @@ __global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p
 #pragma unroll
   for (int hh = 0; hh < HPW; ++hh) m[hh] = -INFINITY, l_lane[hh] = 0.0f;
   for (int64_t kv_tile = kv_begin; kv_tile < kv_end; kv_tile += kBc) {
-    // 3a. Scores. Load r brings keys kv_tile + r*32/L + (lane / L), used for every head; the
-    //     transposed reduction then leaves lane l with key j = kv_tile + (l % L) * 32/L + l / L.
-    //     Keys past kv_end re-read the last visible key and are masked to -inf.
-    Pack<8> k_tile[kLanesPerRow];  // all of the tile's loads issued before any is used
+    // 3a. Lane l scores key j = kv_tile + l against every head: its K row is loaded once, in
+    //     16-byte pieces. A lane past kv_end reads the last visible key and is masked to -inf.
+    const int64_t j = kv_tile + lane;
+    const T* k_row = k + min(j, kv_end - 1) * p.k_seq_stride;  // [D]
+    float partial[HPW][2] = {};
 #pragma unroll
-    for (int r = 0; r < kLanesPerRow; ++r) {
-      k_tile[r] = load_pack<8>(k + min(kv_tile + r * kRowsPerLoad + sub_row, kv_end - 1) * p.k_seq_stride + chunk * 8);
-    }
-    // A fence for the compiler's scheduler: without it, ptxas interleaves each load with the
-    // FMAs of an earlier one to save registers, and in-order issue then stalls on the first load
-    // with only ~3 in flight. After it, all L loads are in flight before the first is waited on.
-    __syncwarp();
-    float partial[HPW][kLanesPerRow];
-#pragma unroll
-    for (int r = 0; r < kLanesPerRow; ++r) {
+    for (int d0 = 0; d0 < D; d0 += 8) {
       float k8[8];
-      unpack_to_float<T>(k_tile[r], k8);
+      load_as_float<8>(k_row + d0, k8);
 #pragma unroll
-      for (int hh = 0; hh < HPW; ++hh) {
-        partial[hh][r] = 0.0f;
+      for (int hh = 0; hh < HPW; ++hh)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) partial[hh][r] += q8[hh][e] * k8[e];
-      }
+        for (int e = 0; e < 8; ++e) partial[hh][e % 2] += smem_q[warp][hh][d0 + e] * k8[e];
     }
-    const int64_t j = kv_tile + chunk * kRowsPerLoad + sub_row;  // the key this lane scored
 
     // 3b. New running maximum per head; P for this lane's key.
     float p_lane[HPW];
 #pragma unroll
     for (int hh = 0; hh < HPW; ++hh) {
-      const float dot = reduce_transposed<kLanesPerRow>(partial[hh], lane);
-      const float s = j < kv_end ? dot * p.scale : -INFINITY;
+      const float s = j < kv_end ? (partial[hh][0] + partial[hh][1]) * p.scale : -INFINITY;
       const float m_new = fmaxf(m[hh], warp_max(s));  // finite: the tile has a visible key
       const float alpha = exp2f(m[hh] - m_new);         // 0 on the first tile (m = -inf)
       p_lane[hh] = exp2f(s - m_new);                     // 0 when masked
@@ -183,27 +152,17 @@ __global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p
       m[hh] = m_new;
     }
 
-    // 3c. P.V, key by key: p_j comes from the lane that scored key kv_tile + jj; the V row is
-    //     loaded once for all heads. Masked keys have p_j = 0 and read a visible row.
-    constexpr int kVRows = kBc / 2;  // V rows loaded together (two batches per tile)
+    // 3c. P.V, key by key: p_j comes from the lane that scored key j; the V row is loaded once
+    //     for all heads. Masked keys have p_j = 0 and read a visible row (in bounds).
 #pragma unroll
-    for (int half = 0; half < kBc; half += kVRows) {
-      Pack<E> v_tile[kVRows];
+    for (int jj = 0; jj < kBc; ++jj) {
+      float v_frag[E];
+      load_as_float<E>(v + min(kv_tile + jj, kv_end - 1) * p.v_seq_stride + lane * E, v_frag);
 #pragma unroll
-      for (int jj = 0; jj < kVRows; ++jj) {
-        v_tile[jj] = load_pack<E>(v + min(kv_tile + half + jj, kv_end - 1) * p.v_seq_stride + lane * E);
-      }
-      __syncwarp();  // the same scheduling fence as for K
+      for (int hh = 0; hh < HPW; ++hh) {
+        const float p_j = __shfl_sync(0xffffffffu, p_lane[hh], jj);
 #pragma unroll
-      for (int jj = half; jj < half + kVRows; ++jj) {
-        float v_frag[E];
-        unpack_to_float<T>(v_tile[jj - half], v_frag);
-#pragma unroll
-        for (int hh = 0; hh < HPW; ++hh) {
-          const float p_j = __shfl_sync(0xffffffffu, p_lane[hh], (jj % kRowsPerLoad) * kLanesPerRow + jj / kRowsPerLoad);
-#pragma unroll
-          for (int e = 0; e < E; ++e) o_acc[hh][e] += p_j * v_frag[e];
-        }
+        for (int e = 0; e < E; ++e) o_acc[hh][e] += p_j * v_frag[e];
       }
     }
   }
@@ -278,27 +237,17 @@ Kernel select_kernel(const AttnParams& p) {
   return p.d == 64 ? kv_split_kernel<__nv_bfloat16, 64, Br, HPW> : kv_split_kernel<__nv_bfloat16, 128, Br, HPW>;
 }
 
-// Heads per warp: the largest of 4, 2, 1 that divides the GQA group (4 keeps the q pieces and
-// partial scores of all heads in registers). Without grouping (HPW = 1)
+// Heads per warp: the largest of 8, 4, 2, 1 that divides the GQA group. Without grouping (HPW = 1)
 // a CTA holds 8 rows as in stage 01; with it, one warp per CTA, so that decode's few warp rows
 // still spread over many CTAs.
-#ifndef ATTN_KVS_MAXHPW
-#define ATTN_KVS_MAXHPW 4
-#endif
 Kernel select_kernel(const AttnParams& p, int* br, int* hpw) {
   const int64_t group = p.hq / p.hkv;
-  *hpw = group % 4 == 0 && ATTN_KVS_MAXHPW >= 4 ? 4 : group % 2 == 0 && ATTN_KVS_MAXHPW >= 2 ? 2 : 1;
-  const int64_t warp_rows = p.sq * (group / *hpw);  // per (batch, kv head)
-  *br = warp_rows >= 8 ? 8 : warp_rows >= 4 ? 4 : 1;
-  switch (*hpw * 10 + *br) {
-    case 41: return select_kernel<1, 4>(p);
-    case 44: return select_kernel<4, 4>(p);
-    case 48: return select_kernel<8, 4>(p);
-    case 21: return select_kernel<1, 2>(p);
-    case 24: return select_kernel<4, 2>(p);
-    case 28: return select_kernel<8, 2>(p);
-    case 11: return select_kernel<1, 1>(p);
-    case 14: return select_kernel<4, 1>(p);
+  *hpw = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+  *br = *hpw == 1 ? 8 : 1;
+  switch (*hpw) {
+    case 8: return select_kernel<1, 8>(p);
+    case 4: return select_kernel<1, 4>(p);
+    case 2: return select_kernel<1, 2>(p);
     default: return select_kernel<8, 1>(p);
   }
 }
