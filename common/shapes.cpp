@@ -80,6 +80,13 @@ std::vector<NamedShape> build_suite() {
       suite.push_back({"decode_b" + std::to_string(b) + "_sk" + std::to_string(sk), ShapeKind::decode, p, false});
     }
   }
+  // The parallelism sweep: the seed shape with more and more heads, all latency-bound. It shows
+  // where a grid over (batch, head, query block) stops filling the GPU.
+  for (int64_t n = 1; n <= 256; n *= 2) {
+    ProblemShape p = seed;
+    p.hq = p.hkv = n;
+    suite.push_back({"sweep_bh" + std::to_string(n), ShapeKind::sweep, p, /*graph=*/true});
+  }
   return suite;
 }
 

@@ -58,7 +58,8 @@ struct NamedShape {
   bool graph = false;   ///< latency-bound: time a CUDA graph of launches
 };
 
-/// The suite: `seed`, `prefill_d{64,128}_s{512..16384}[_causal]`, `decode_b{1,8}_sk{4096,32768,131072}`.
+/// The suite: `seed`, `prefill_d{64,128}_s{512..16384}[_causal]`, `decode_b{1,8}_sk{4096,32768,131072}`,
+/// and the parallelism sweep `sweep_bh{1,2,4,...,256}` (the seed shape with B*H = N heads).
 const std::vector<NamedShape>& shape_suite();
 
 /// Look up a shape of the suite by name; the error lists the valid names.

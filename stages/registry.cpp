@@ -4,7 +4,8 @@
 
 #define ATTN_STAGES(X) \
   X(01_naive) \
-  X(02_kv_split)
+  X(02_kv_split) \
+  X(03_persistent)
 
 namespace attn {
 

@@ -277,7 +277,7 @@ TEST_CASE("figures: FLOP and byte formulas") {
 
 TEST_CASE("shape suite: SPEC names and sizes") {
   const auto& suite = shape_suite();
-  CHECK(suite.size() == 1 + 2 * 6 * 2 + 2 * 3);
+  CHECK(suite.size() == 1 + 2 * 6 * 2 + 2 * 3 + 9);
   std::set<std::string> names;
   for (const NamedShape& ns : suite) {
     CAPTURE(ns.name);
@@ -296,6 +296,10 @@ TEST_CASE("shape suite: SPEC names and sizes") {
       CHECK(s.hkv == 8);
       CHECK(s.d == 128);
       CHECK(ns.name == "decode_b" + std::to_string(s.b) + "_sk" + std::to_string(s.sk));
+    } else if (ns.kind == ShapeKind::sweep) {
+      CHECK(ns.name == "sweep_bh" + std::to_string(s.b * s.hq));
+      CHECK(s.sq == 128);
+      CHECK(ns.graph);
     }
   }
   CHECK(names.size() == suite.size());

@@ -112,6 +112,28 @@ TEST_CASE("every stage matches the reference over dtype x D x causal x layout x 
             }
 }
 
+TEST_CASE("split-KV edge cases: many splits, splits past the keys, fully masked splits, GQA decode") {
+  const Sizes cases[] = {
+      {1, 32, 8, 1, 1},     {1, 32, 8, 1, 2},        {1, 32, 8, 1, 33},  // splits of one key, or none
+      {1, 32, 8, 1, 4097},  {2, 32, 8, 1, 131072},                      // decode, group 4, many splits
+      {1, 32, 4, 1, 5000},  {1, 32, 4, 4, 5000},                        // group 8, Sq = 1 and 4
+      {3, 16, 4, 4, 777},   {1, 8, 1, 4, 3000},                         // group 4 and 8 at Sq = 4
+      {1, 1, 1, 200, 40},   {1, 2, 1, 3000, 3000},                      // causal: empty rows, long rows
+  };
+  uint64_t seed = 1000;
+  for (const StageInfo& stage : registered_stages())
+    for (DType dtype : {DType::f16, DType::bf16})
+      for (int64_t d : {64, 128})
+        for (bool causal : {false, true})
+          for (const Sizes& z : cases) {
+            if (reduced() && (z.sk > 5000 || z.sq > 1000)) continue;
+            ProblemShape s;
+            s.b = z.b, s.hq = z.hq, s.hkv = z.hkv, s.sq = z.sq, s.sk = z.sk, s.d = d;
+            s.dtype = dtype, s.causal = causal;
+            check_stage_on(stage, s, ++seed);
+          }
+}
+
 TEST_CASE("padded strides, a custom scale and a missing LSE output") {
   for (const StageInfo& stage : registered_stages()) {
     ProblemShape s;

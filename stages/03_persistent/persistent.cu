@@ -1,0 +1,451 @@
+// Fast attention, one idea at a time:
+//   01 naive -> 02 kv_split -> 03 persistent -> 04 wmma -> 05 cp_async -> 06 warp_specialized
+//
+// Stage 03 (this file): one wave of CTAs that pull work.
+// Stage 02 launches one CTA per work item (batch, kv head, query block, split) and a second
+// kernel for the merge. This stage adds one idea: launch only as many CTAs as fit on the GPU at
+// once (SMs x resident CTAs per SM, from the occupancy calculator); each loops, taking the next
+// item from a queue (an atomic counter zeroed before each launch), causal query blocks longest
+// first so the short ones fill the gaps at the end. The merge is fused: the CTA that finishes
+// the last split of a query block (a per-block arrival counter) merges its partials, so one
+// launch does everything.
+//
+// Figures: notebooks_md/03_persistent.md and the README table.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "device.h"
+#include "dtype.cuh"
+#include "params.h"
+#include "stage.h"
+
+namespace attn {
+namespace {
+
+constexpr const char* kStageName = "03_persistent";
+constexpr int kMinSm = 80;
+constexpr int kWarp = 32;
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
+constexpr float kLn2 = 0.6931471805599453f;     // ln(2): LSE back to natural log
+constexpr int kBc = kWarp;       // keys per step of the online softmax: one per lane
+constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
+
+// Where the CTAs of one (batch, kv head, query block) put their partial results.
+struct SplitArgs {
+  int num_splits = 1;          // key ranges per (batch, kv head, query block)
+  int64_t keys_per_split = 0;  // a multiple of Bc
+  float* o_partial = nullptr;  // [num_splits][B*Hq*Sq][D] fp32, normalised within the split
+  float* lse_partial = nullptr;  // [num_splits][B*Hq*Sq], -inf where the split saw no key
+  int64_t q_blocks = 0;        // query blocks per (batch, kv head)
+  unsigned long long* next_item = nullptr;  // the work queue's head, zeroed before each launch
+  int* arrivals = nullptr;     // [B][Hkv][q_blocks] splits finished, zeroed before each launch
+};
+
+// Sum over the 32 lanes; every lane receives the total (butterfly exchange).
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// Maximum over the 32 lanes; every lane receives it.
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// E consecutive fp32 values in one 8- or 16-byte access.
+template <int E>
+__device__ __forceinline__ void store_floats(float* dst, const float (&src)[E]) {
+  static_assert(E == 2 || E == 4, "D = 64 or 128");
+  if constexpr (E == 4) *reinterpret_cast<float4*>(dst) = make_float4(src[0], src[1], src[2], src[3]);
+  else *reinterpret_cast<float2*>(dst) = make_float2(src[0], src[1]);
+}
+template <int E>
+__device__ __forceinline__ void load_floats(const float* src, float (&dst)[E]) {
+  if constexpr (E == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+  } else {
+    const float2 v = *reinterpret_cast<const float2*>(src);
+    dst[0] = v.x, dst[1] = v.y;
+  }
+}
+
+// One work item's rows for one warp (called by every warp of the CTA). GQA packing: a warp handles one query
+// position i for HPW consecutive query heads of kv head h_kv (HPW divides the group size
+// Hq/Hkv), so each K and V row it loads serves all HPW heads. A CTA holds Br such warp rows.
+// For the scores, lane l takes key kv_tile + l of the tile and computes its whole dot product
+// with each head's q (read from shared memory, where every lane sees all of it). For P.V, lane l
+// owns elements [l*E, l*E + E) of the head dimension, E = D/32, so a warp reads each V row as
+// one coalesced 128- or 256-byte access.
+template <typename T, int D, int Br, int HPW>
+__device__ __forceinline__ void attend_rows(const AttnParams& p, const SplitArgs& split, int64_t b, int64_t h_kv,
+                                            int64_t q_block, int split_idx, int warp, int lane,
+                                            float (&smem_q)[HPW][D]) {  // [HPW][D]: this warp's query rows
+  constexpr int E = D / kWarp;
+  const int64_t chunks = p.hq / p.hkv / HPW;  // warp rows per query position
+  const int64_t r = q_block * Br + warp;  // this warp's row: (query position, chunk of heads)
+  if (r >= p.sq * chunks) return;  // the last query block may be partial; only __syncwarp() follows
+  const int64_t i = r / chunks, h0 = (h_kv * chunks + r % chunks) * HPW;  // query position, first head
+
+  const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;  // [Sk][D], row stride k_seq_stride
+  const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;  // [Sk][D], row stride v_seq_stride
+
+  // 1. The query rows of the HPW heads, fp32, in shared memory: each lane needs all of them.
+#pragma unroll
+  for (int hh = 0; hh < HPW; ++hh) {
+    const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_seq_stride + (h0 + hh) * p.q_head_stride;  // [D]
+    float q_frag[E];
+    load_as_float<E>(q + lane * E, q_frag);
+#pragma unroll
+    for (int e = 0; e < E; ++e) smem_q[hh][lane * E + e] = q_frag[e];
+  }
+  __syncwarp();
+
+  // 2. Keys this row may see: all of them, or with the bottom-right causal mask the first
+  //    i + (Sk - Sq) + 1 (none when that is <= 0: the row is empty). This CTA takes the part of
+  //    them inside its split [kv_begin, kv_end), which may be empty.
+  const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
+  const int64_t kv_begin = split_idx * split.keys_per_split;
+  const int64_t kv_end = min(n_keys, kv_begin + split.keys_per_split);
+
+  // 3. Online softmax over tiles of Bc = 32 keys, for each of the HPW heads (see stage 01).
+  float m[HPW], l_lane[HPW], o_acc[HPW][E] = {};
+#pragma unroll
+  for (int hh = 0; hh < HPW; ++hh) m[hh] = -INFINITY, l_lane[hh] = 0.0f;
+  for (int64_t kv_tile = kv_begin; kv_tile < kv_end; kv_tile += kBc) {
+    // 3a. Lane l scores key j = kv_tile + l against every head: its K row is loaded once, in
+    //     16-byte pieces. A lane past kv_end reads the last visible key and is masked to -inf.
+    const int64_t j = kv_tile + lane;
+    const T* k_row = k + min(j, kv_end - 1) * p.k_seq_stride;  // [D]
+    float partial[HPW][2] = {};
+#pragma unroll
+    for (int d0 = 0; d0 < D; d0 += 8) {
+      float k8[8];
+      load_as_float<8>(k_row + d0, k8);
+#pragma unroll
+      for (int hh = 0; hh < HPW; ++hh)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) partial[hh][e % 2] += smem_q[hh][d0 + e] * k8[e];
+    }
+
+    // 3b. New running maximum per head; P for this lane's key.
+    float p_lane[HPW];
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh) {
+      const float s = j < kv_end ? (partial[hh][0] + partial[hh][1]) * p.scale : -INFINITY;
+      const float m_new = fmaxf(m[hh], warp_max(s));  // finite: the tile has a visible key
+      const float alpha = exp2f(m[hh] - m_new);         // 0 on the first tile (m = -inf)
+      p_lane[hh] = exp2f(s - m_new);                     // 0 when masked
+      l_lane[hh] = l_lane[hh] * alpha + p_lane[hh];
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_acc[hh][e] *= alpha;
+      m[hh] = m_new;
+    }
+
+    // 3c. P.V, key by key: p_j comes from the lane that scored key j; the V row is loaded once
+    //     for all heads. Masked keys have p_j = 0 and read a visible row (in bounds).
+#pragma unroll
+    for (int jj = 0; jj < kBc; ++jj) {
+      float v_frag[E];
+      load_as_float<E>(v + min(kv_tile + jj, kv_end - 1) * p.v_seq_stride + lane * E, v_frag);
+#pragma unroll
+      for (int hh = 0; hh < HPW; ++hh) {
+        const float p_j = __shfl_sync(0xffffffffu, p_lane[hh], jj);
+#pragma unroll
+        for (int e = 0; e < E; ++e) o_acc[hh][e] += p_j * v_frag[e];
+      }
+    }
+  }
+
+  // 4. Normalise. An empty row or split has l = 0: O = 0 and LSE = -inf.
+  const int64_t n_rows = p.b * p.hq * p.sq;
+#pragma unroll
+  for (int hh = 0; hh < HPW; ++hh) {
+    const float l = warp_sum(l_lane[hh]);
+    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_acc[hh][e] *= inv_l;
+    const float lse = l > 0.0f ? (m[hh] + log2f(l)) * kLn2 : -INFINITY;
+    const int64_t h = h0 + hh;
+    const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
+
+    // 5. One split: this is the answer. Several: write this split's part for the merge.
+    if (split.num_splits == 1) {
+      T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
+      store_from_float<E>(o + lane * E, o_acc[hh]);
+      if (p.lse != nullptr && lane == 0) p.lse[row] = lse;
+    } else {
+      store_floats<E>(split.o_partial + (split_idx * n_rows + row) * D + lane * E, o_acc[hh]);
+      if (lane == 0) split.lse_partial[split_idx * n_rows + row] = lse;
+    }
+  }
+}
+
+// The merge of one output row, by one warp. Split s holds O_s (normalised over its keys) and LSE_s.
+// With m = max_s LSE_s (-inf counted as 0 for the shift, so an all-empty row stays finite) and
+// w_s = exp(LSE_s - m):  O = sum_s w_s O_s / sum_s w_s,  LSE = m + log sum_s w_s.
+// Summing the splits in index order keeps the result bit-identical run to run. The partials were
+// written by other SMs in this launch: they are read through L2 (__ldcg), never a stale L1 line.
+template <typename T, int D>
+__device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& split, int64_t row, int lane) {
+  constexpr int E = D / kWarp;
+  const int64_t n_rows = p.b * p.hq * p.sq;
+  const int64_t i = row % p.sq, h = (row / p.sq) % p.hq, b = row / (p.sq * p.hq);
+
+  float m = -INFINITY;
+  for (int s = lane; s < split.num_splits; s += kWarp) m = fmaxf(m, __ldcg(split.lse_partial + s * n_rows + row));
+  m = warp_max(m);
+  const float shift = m == -INFINITY ? 0.0f : m;
+
+  float sum_w = 0.0f, o_acc[E] = {};
+  for (int s = 0; s < split.num_splits; ++s) {
+    const float w = expf(__ldcg(split.lse_partial + s * n_rows + row) - shift);  // 0 for an empty split
+    float part[E];
+    const float* src = split.o_partial + (s * n_rows + row) * D + lane * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) part[e] = __ldcg(src + e);
+    sum_w += w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_acc[e] += w * part[e];
+  }
+  const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o_acc[e] *= inv;
+  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
+  store_from_float<E>(o + lane * E, o_acc);
+  if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+}
+
+// grid = min(work items, resident CTAs), block Br warps. Each CTA loops over work items.
+template <typename T, int D, int Br, int HPW>
+__global__ void __launch_bounds__(Br * kWarp) persistent_kernel(const AttnParams p, const SplitArgs split) {
+  __shared__ __align__(16) float smem_q[Br][HPW][D];  // [Br][HPW][D]: each warp's query rows, fp32
+  __shared__ unsigned long long s_item;
+  __shared__ bool s_last;
+  // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane:
+  // then the row, its key range and the early return below are warp-uniform, and the shuffles
+  // compile to plain SHFL instead of a WARPSYNC.COLLECTIVE emulation for divergent warps.
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarp), 0);
+  const int lane = threadIdx.x % kWarp;
+  const unsigned long long n_items =
+      static_cast<unsigned long long>(split.q_blocks * p.hkv * p.b) * static_cast<unsigned long long>(split.num_splits);
+  for (;;) {
+    // 1. The next work item. The first barrier publishes thread 0's fetch; the second keeps it
+    //    from fetching again (overwriting s_item) before every warp has read it, and keeps any
+    //    warp from rewriting its smem_q before the whole CTA has finished the previous item.
+    if (threadIdx.x == 0) s_item = atomicAdd(split.next_item, 1ull);
+    __syncthreads();
+    const unsigned long long item = s_item;
+    __syncthreads();
+    if (item >= n_items) return;
+
+    // 2. Decode it: splits fastest (a query block's splits run close together, and its merge
+    //    soon after), then kv heads and batches; query blocks last, the longest first when causal
+    //    (with the bottom-right mask, later query blocks see more keys).
+    const int split_idx = static_cast<int>(item % split.num_splits);
+    unsigned long long rest = item / split.num_splits;
+    const int64_t h_kv = static_cast<int64_t>(rest % p.hkv);
+    rest /= p.hkv;
+    const int64_t b = static_cast<int64_t>(rest % p.b);
+    const int64_t q_rank = static_cast<int64_t>(rest / p.b);
+    const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
+    attend_rows<T, D, Br, HPW>(p, split, b, h_kv, q_block, split_idx, warp, lane, smem_q[warp]);
+    if (split.num_splits == 1) continue;
+
+    // 3. Fused merge. Every thread makes its partials visible device-wide, then thread 0 counts
+    //    this split in; the CTA that brings the count to num_splits merges the query block.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int64_t block_id = (b * p.hkv + h_kv) * split.q_blocks + q_block;
+      s_last = atomicAdd(split.arrivals + block_id, 1) == split.num_splits - 1;
+    }
+    __syncthreads();
+    if (!s_last) continue;
+    __threadfence();  // order the partial reads after the other CTAs' arrivals
+    const int64_t chunks = p.hq / p.hkv / HPW;
+    const int64_t r = q_block * Br + warp;
+    if (r >= p.sq * chunks) continue;
+    const int64_t i = r / chunks, h0 = (h_kv * chunks + r % chunks) * HPW;
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh) merge_row<T, D>(p, split, (b * p.hq + h0 + hh) * p.sq + i, lane);
+  }
+}
+
+using Kernel = void (*)(AttnParams, SplitArgs);
+
+template <int Br, int HPW>
+Kernel select_kernel(const AttnParams& p) {
+  if (p.dtype == DType::f16)
+    return p.d == 64 ? persistent_kernel<__half, 64, Br, HPW> : persistent_kernel<__half, 128, Br, HPW>;
+  return p.d == 64 ? persistent_kernel<__nv_bfloat16, 64, Br, HPW> : persistent_kernel<__nv_bfloat16, 128, Br, HPW>;
+}
+
+// Heads per warp: the largest of 8, 4, 2, 1 that divides the GQA group. Without grouping (HPW = 1)
+// a CTA holds 8 rows as in stage 01; with it, one warp per CTA, so that decode's few warp rows
+// still spread over many CTAs.
+Kernel select_kernel(const AttnParams& p, int* br, int* hpw) {
+  const int64_t group = p.hq / p.hkv;
+  *hpw = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+  *br = *hpw == 1 ? 8 : 1;
+  switch (*hpw) {
+    case 8: return select_kernel<1, 8>(p);
+    case 4: return select_kernel<1, 4>(p);
+    case 2: return select_kernel<1, 2>(p);
+    default: return select_kernel<8, 1>(p);
+  }
+}
+
+// Resident CTAs per SM of a kernel, from the occupancy calculator, cached per (kernel, device).
+Status resident_ctas_per_sm(Kernel kernel, int threads, int* out) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> cache;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return Status::Error("cudaGetDevice failed");
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    int n = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0);
+    if (err != cudaSuccess) return Status::Error(std::string("occupancy: ") + cudaGetErrorString(err));
+    it = cache.emplace(key, std::max(n, 1)).first;
+  }
+  *out = it->second;
+  return Status::Ok();
+}
+
+// How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
+// the best wave efficiency (busy slots / all slots over the waves it takes), the smallest such
+// count when several tie, capped by kMaxSplits and by the number of key tiles.
+int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t kv_tiles) {
+  if (ctas_without_split * 10 >= slots * 8) return 1;  // >= 80% of one wave: splitting buys little
+  const int64_t max_splits = std::min<int64_t>(kMaxSplits, kv_tiles);
+  int best = 1;
+  double best_efficiency = 0;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const int64_t ctas = ctas_without_split * s;
+    const int64_t waves = (ctas + slots - 1) / slots;
+    const double efficiency = static_cast<double>(ctas) / static_cast<double>(waves * slots);
+    if (efficiency > best_efficiency + 1e-9) best = static_cast<int>(s), best_efficiency = efficiency;
+  }
+  return best;
+}
+
+// Everything launch() decides for a problem.
+struct Launch {
+  int br = 8;              // warp rows per CTA
+  int hpw = 1;             // query heads per warp (GQA packing)
+  int64_t q_blocks = 0;    // ceil(Sq * group / HPW / Br)
+  int ctas_per_sm = 0;     // resident CTAs per SM of the main kernel
+  int64_t slots = 0;       // ctas_per_sm * SMs
+  SplitArgs split;         // num_splits, keys_per_split, q_blocks (pointers filled at launch)
+  int64_t items = 0;       // work items: q_blocks * Hkv * B * num_splits
+  int64_t ctas = 0;        // persistent CTAs: min(items, slots)
+  Kernel kernel = nullptr;
+};
+
+Status make_launch(const AttnParams& p, Launch* out) {
+  const DeviceInfo* device = nullptr;
+  ATTN_TRY(current_device(&device));
+  Launch l;
+  l.kernel = select_kernel(p, &l.br, &l.hpw);
+  const int64_t packed_rows = p.sq * (p.hq / p.hkv / l.hpw);  // warp rows per (batch, kv head)
+  l.q_blocks = (packed_rows + l.br - 1) / l.br;
+  ATTN_TRY(resident_ctas_per_sm(l.kernel, l.br * kWarp, &l.ctas_per_sm));
+  l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
+  const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
+  const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, kv_tiles);
+  // Whole tiles per split; recount so that no split is empty by construction.
+  l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
+  l.split.num_splits = static_cast<int>((p.sk + l.split.keys_per_split - 1) / l.split.keys_per_split);
+  l.split.q_blocks = l.q_blocks;
+  l.items = l.q_blocks * p.hkv * p.b * l.split.num_splits;
+  l.ctas = std::min(l.items, l.slots);
+  *out = l;
+  return Status::Ok();
+}
+
+// Workspace: [o_partial][lse_partial][next_item][arrivals], each part 256-byte aligned.
+struct WorkspaceLayout {
+  size_t o_partial = 0, lse_partial = 0, counters = 0, counter_bytes = 0, total = 0;  // byte offsets and sizes
+};
+
+WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
+  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
+  const size_t splits = l.split.num_splits > 1 ? static_cast<size_t>(l.split.num_splits) : 0;
+  WorkspaceLayout w;
+  w.lse_partial = align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
+  w.counters = w.lse_partial + align(splits * rows * sizeof(float));
+  const size_t blocks = splits > 0 ? static_cast<size_t>(l.q_blocks * p.hkv * p.b) : 0;
+  w.counter_bytes = sizeof(unsigned long long) + blocks * sizeof(int);
+  w.total = w.counters + align(w.counter_bytes);
+  return w;
+}
+
+size_t workspace_bytes(const AttnParams& p) {
+  Launch l;
+  if (!make_launch(p, &l).ok()) return 0;
+  return layout_for(p, l).total;
+}
+
+Status plan(const AttnParams& p, LaunchPlan* out) {
+  Launch l;
+  ATTN_TRY(make_launch(p, &l));
+  out->grid = dim3(static_cast<unsigned>(l.ctas));
+  out->block = dim3(l.br * kWarp);
+  out->dynamic_smem_bytes = 0;
+  out->kernel = reinterpret_cast<const void*>(l.kernel);
+  out->notes = "persistent: " + std::to_string(l.ctas) + " CTAs over " + std::to_string(l.items) + " work items" +
+               (p.causal ? " (longest first)" : "") + ", num_splits=" + std::to_string(l.split.num_splits) + " (" + std::to_string(l.q_blocks * p.hkv * p.b) +
+               " CTAs unsplit, " + std::to_string(l.slots) + " resident slots = " + std::to_string(l.ctas_per_sm) +
+               "/SM), " + std::to_string(l.split.keys_per_split) + " keys per split, Br=" + std::to_string(l.br) +
+               " warp rows of " + std::to_string(l.hpw) + " heads (GQA group " + std::to_string(p.hq / p.hkv) +
+               "), Bc=" + std::to_string(kBc) +
+               (l.split.num_splits > 1 ? ", merge fused" : "");
+  return Status::Ok();
+}
+
+Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
+  ATTN_TRY(validate_params(p));  // before workspace_bytes(), which divides by Hkv
+  ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, workspace_bytes(p)));
+  Launch l;
+  ATTN_TRY(make_launch(p, &l));
+  AttnParams kp = p;
+  // Scores in log2 units: exp(x) = exp2(x * log2(e)), and exp2f is one MUFU.EX2 instruction.
+  kp.scale = effective_scale(p) * kLog2e;
+  const WorkspaceLayout w = layout_for(p, l);
+  char* base = static_cast<char*>(ws.ptr);
+  SplitArgs split = l.split;
+  split.o_partial = reinterpret_cast<float*>(base + w.o_partial);
+  split.lse_partial = reinterpret_cast<float*>(base + w.lse_partial);
+  split.next_item = reinterpret_cast<unsigned long long*>(base + w.counters);
+  split.arrivals = reinterpret_cast<int*>(base + w.counters + sizeof(unsigned long long));
+  // The queue and the arrival counters start at zero in every launch (a memset node in a graph).
+  if (cudaMemsetAsync(base + w.counters, 0, w.counter_bytes, stream) != cudaSuccess) return check_launch(kStageName);
+  l.kernel<<<static_cast<unsigned>(l.ctas), l.br * kWarp, 0, stream>>>(kp, split);
+  return check_launch(kStageName);
+}
+
+}  // namespace
+
+StageInfo stage_03_persistent() {
+  StageInfo s;
+  s.name = kStageName;
+  s.description = "one wave of persistent CTAs pulling work items from a queue, longest first; merge fused";
+  s.min_sm = kMinSm;
+  s.launch = launch;
+  s.plan = plan;
+  s.workspace_bytes = workspace_bytes;
+  s.bench_max_seq = 4096;  // prefill is still CUDA-core work: ~30 ms a launch at S=4096
+  return s;
+}
+
+}  // namespace attn
