@@ -212,6 +212,7 @@ __global__ void __launch_bounds__(kCombineRows * kWarp) combine_kernel(const Att
   const float shift = m == -INFINITY ? 0.0f : m;
 
   float sum_w = 0.0f, o_acc[E] = {};
+#pragma unroll 8  // eight splits' loads in flight, not one L2 round trip per split
   for (int s = 0; s < split.num_splits; ++s) {
     const float w = expf(split.lse_partial[s * n_rows + row] - shift);  // 0 for an empty split
     float part[E];

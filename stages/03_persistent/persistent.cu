@@ -65,6 +65,17 @@ __device__ __forceinline__ void store_floats(float* dst, const float (&src)[E]) 
   if constexpr (E == 4) *reinterpret_cast<float4*>(dst) = make_float4(src[0], src[1], src[2], src[3]);
   else *reinterpret_cast<float2*>(dst) = make_float2(src[0], src[1]);
 }
+// The same through L2 only (ld.global.cg): for data other SMs wrote during this launch.
+template <int E>
+__device__ __forceinline__ void load_floats_cg(const float* src, float (&dst)[E]) {
+  if constexpr (E == 4) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(src));
+    dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+  } else {
+    const float2 v = __ldcg(reinterpret_cast<const float2*>(src));
+    dst[0] = v.x, dst[1] = v.y;
+  }
+}
 template <int E>
 __device__ __forceinline__ void load_floats(const float* src, float (&dst)[E]) {
   if constexpr (E == 4) {
@@ -204,12 +215,11 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& 
   const float shift = m == -INFINITY ? 0.0f : m;
 
   float sum_w = 0.0f, o_acc[E] = {};
+#pragma unroll 8  // eight splits' loads in flight, not one L2 round trip per split
   for (int s = 0; s < split.num_splits; ++s) {
     const float w = expf(__ldcg(split.lse_partial + s * n_rows + row) - shift);  // 0 for an empty split
     float part[E];
-    const float* src = split.o_partial + (s * n_rows + row) * D + lane * E;
-#pragma unroll
-    for (int e = 0; e < E; ++e) part[e] = __ldcg(src + e);
+    load_floats_cg<E>(split.o_partial + (s * n_rows + row) * D + lane * E, part);
     sum_w += w;
 #pragma unroll
     for (int e = 0; e < E; ++e) o_acc[e] += w * part[e];
