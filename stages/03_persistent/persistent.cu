@@ -76,16 +76,6 @@ __device__ __forceinline__ void load_floats_cg(const float* src, float (&dst)[E]
     dst[0] = v.x, dst[1] = v.y;
   }
 }
-template <int E>
-__device__ __forceinline__ void load_floats(const float* src, float (&dst)[E]) {
-  if constexpr (E == 4) {
-    const float4 v = *reinterpret_cast<const float4*>(src);
-    dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
-  } else {
-    const float2 v = *reinterpret_cast<const float2*>(src);
-    dst[0] = v.x, dst[1] = v.y;
-  }
-}
 
 // One work item's rows for one warp (called by every warp of the CTA). GQA packing: a warp handles one query
 // position i for HPW consecutive query heads of kv head h_kv (HPW divides the group size
