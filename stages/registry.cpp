@@ -5,7 +5,8 @@
 #define ATTN_STAGES(X) \
   X(01_naive) \
   X(02_kv_split) \
-  X(03_persistent)
+  X(03_persistent) \
+  X(04_wmma)
 
 namespace attn {
 
