@@ -6,7 +6,8 @@
   X(01_naive) \
   X(02_kv_split) \
   X(03_persistent) \
-  X(04_wmma)
+  X(04_wmma) \
+  X(05_cp_async)
 
 namespace attn {
 

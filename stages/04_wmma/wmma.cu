@@ -38,6 +38,7 @@ constexpr int kWarps = kBr / 16; // each warp owns one 16-row WMMA row block
 constexpr int kThreads = kWarps * kWarp;
 namespace wmma = nvcuda::wmma;
 constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
+constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q block load and its share of the merge
 
 // Where the CTAs of one (batch, kv head, query block) put their partial results.
 struct SplitArgs {
@@ -410,10 +411,10 @@ Status resident_ctas_per_sm(Kernel kernel, int threads, size_t smem, int* out) {
 
 // How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
 // the best wave efficiency (busy slots / all slots over the waves it takes), the smallest such
-// count when several tie, capped by kMaxSplits and by the number of key tiles.
-int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t kv_tiles) {
+// count when several tie, capped by kMaxSplits and by max_splits.
+int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits_for_keys) {
   if (ctas_without_split * 10 >= slots * 8) return 1;  // >= 80% of one wave: splitting buys little
-  const int64_t max_splits = std::min<int64_t>(kMaxSplits, kv_tiles);
+  const int64_t max_splits = std::min<int64_t>(kMaxSplits, max_splits_for_keys);
   int best = 1;
   double best_efficiency = 0;
   for (int64_t s = 1; s <= max_splits; ++s) {
@@ -452,7 +453,7 @@ Status make_launch(const AttnParams& p, Launch* out) {
   ATTN_TRY(resident_ctas_per_sm(l.kernel, kThreads, l.smem, &l.ctas_per_sm));
   l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
-  const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, kv_tiles);
+  const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, std::max<int64_t>(1, kv_tiles / kMinTilesPerSplit));
   // Whole tiles per split; recount so that no split is empty by construction.
   l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
   l.split.num_splits = static_cast<int>((p.sk + l.split.keys_per_split - 1) / l.split.keys_per_split);

@@ -1,0 +1,570 @@
+// Fast attention, one idea at a time:
+//   01 naive -> 02 kv_split -> 03 persistent -> 04 wmma -> 05 cp_async -> 06 warp_specialized
+//
+// Stage 05 (this file): loads that overlap compute.
+// Stage 04 loads each K/V tile with ordinary loads, waits at a barrier, then computes: the SMs
+// idle through every tile's memory latency, and its unpadded rows (D elements, a multiple of
+// 128 bytes) put the 8 rows a fragment load reads at once in the same shared-memory banks.
+// This stage adds one idea: K and V tiles are fetched with cp.async into a ring of two
+// shared-memory stages, so tile j+1 is in flight while tile j is computed; and every
+// shared-memory row is padded by 16 bytes so consecutive rows start in different banks.
+//
+// Figures: notebooks_md/05_cp_async.md and the README table.
+#include <algorithm>
+#include <cmath>
+
+#include <cuda_pipeline_primitives.h>
+#include <mma.h>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "device.h"
+#include "dtype.cuh"
+#include "params.h"
+#include "stage.h"
+
+namespace attn {
+namespace {
+
+constexpr const char* kStageName = "05_cp_async";
+constexpr int kMinSm = 80;
+constexpr int kWarp = 32;
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
+constexpr float kLn2 = 0.6931471805599453f;     // ln(2): LSE back to natural log
+constexpr int kBr = 64;          // packed query rows per CTA
+constexpr int kBc = 64;          // keys per K/V tile (per step of the online softmax)
+constexpr int kWarps = kBr / 16; // each warp owns one 16-row WMMA row block
+constexpr int kThreads = kWarps * kWarp;
+constexpr int kStages = 2;       // K/V tiles in flight: the one computed and the next
+constexpr int kPad = 8;          // elements of padding per 16-bit row: 16 bytes, so row r+1 starts 4 banks after row r
+constexpr int kPadF = 4;         // the same 16 bytes for fp32 rows
+namespace wmma = nvcuda::wmma;
+constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
+constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q block load and its share of the merge
+
+// Where the CTAs of one (batch, kv head, query block) put their partial results.
+struct SplitArgs {
+  int num_splits = 1;          // key ranges per (batch, kv head, query block)
+  int64_t keys_per_split = 0;  // a multiple of Bc
+  float* o_partial = nullptr;  // [num_splits][B*Hq*Sq][D] fp32, normalised within the split
+  float* lse_partial = nullptr;  // [num_splits][B*Hq*Sq], -inf where the split saw no key
+  int64_t q_blocks = 0;        // query blocks per (batch, kv head)
+  unsigned long long* next_item = nullptr;  // the work queue's head, zeroed before each launch
+  int* arrivals = nullptr;     // [B][Hkv][q_blocks] splits finished, zeroed before each launch
+};
+
+// Maximum over the 32 lanes; every lane receives it.
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// E consecutive fp32 values in one 8- or 16-byte access.
+template <int E>
+__device__ __forceinline__ void store_floats(float* dst, const float (&src)[E]) {
+  static_assert(E == 2 || E == 4, "D = 64 or 128");
+  if constexpr (E == 4) *reinterpret_cast<float4*>(dst) = make_float4(src[0], src[1], src[2], src[3]);
+  else *reinterpret_cast<float2*>(dst) = make_float2(src[0], src[1]);
+}
+// The same through L2 only (ld.global.cg): for data other SMs wrote during this launch.
+template <int E>
+__device__ __forceinline__ void load_floats_cg(const float* src, float (&dst)[E]) {
+  if constexpr (E == 4) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(src));
+    dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+  } else {
+    const float2 v = __ldcg(reinterpret_cast<const float2*>(src));
+    dst[0] = v.x, dst[1] = v.y;
+  }
+}
+
+// Shared memory of one CTA. Every row is padded by 16 bytes (kPad, kPadF).
+template <typename T, int D>
+struct Smem {
+  T q[kBr][D + kPad];                // [Br][D]: the CTA's packed query rows
+  union {
+    struct {
+      T k[kStages][kBc][D + kPad];   // [stage][Bc][D]: the ring of K tiles
+      T v[kStages][kBc][D + kPad];   // [stage][Bc][D]: the ring of V tiles
+    } kv;
+    float o[kBr][D + kPadF];         // [Br][D]: the output block, staged for the store (after the last tile)
+  };
+  // [Br][Bc]: scores of the tile, fp32; each row's P (input type) is written over its own S row,
+  // with twice the element stride, which saves a separate 8 KB P tile.
+  float s[kBr][kBc + kPadF];
+  float row_scale[kBr];              // per row: alpha while looping, 1/l at the end
+  float row_lse[kBr];                // per row: the LSE, for the store
+};
+constexpr int kLdS = kBc + kPadF;    // fp32 elements between S rows
+constexpr int kLdP = 2 * kLdS;       // 16-bit elements between P rows (the same bytes)
+// The budget the occupancy calculator and the device limit are checked against (D = 128 is the
+// largest): 17 (Q) + 68 (K/V ring) + 17 (S/P) KB + 512 B = 102.5 KB: two CTAs on a 228 KB SM.
+static_assert(sizeof(Smem<__nv_bfloat16, 128>) == 104960, "shared-memory budget of stage 05 (D=128)");
+static_assert(2 * (sizeof(Smem<__nv_bfloat16, 128>) + 1024) <= 228 * 1024, "two CTAs per Hopper SM");
+
+// Start copying rows of D elements into a shared-memory tile with cp.async, 16 bytes per thread
+// per step; row r comes from src_row(r), or is zero-filled when that returns null (past the end:
+// zeros keep P.V finite). Nothing waits here: the caller commits and later waits.
+template <typename T, int D, int Rows, int Ld, typename RowFn>
+__device__ __forceinline__ void load_tile_async(T (&tile)[Rows][Ld], const T* any_valid, RowFn src_row) {
+  constexpr int kChunks = D / 8;  // 16-byte pieces per row
+#pragma unroll 1  // unrolled, the precomputed addresses cost the registers the fragments need
+  for (int c = threadIdx.x; c < Rows * kChunks; c += kThreads) {
+    const int r = c / kChunks, piece = c % kChunks;
+    const T* src = src_row(r);
+    // Zero-fill reads no source bytes, but the address is kept valid all the same.
+    __pipeline_memcpy_async(&tile[r][piece * 8], (src != nullptr ? src : any_valid) + piece * 8, 16,
+                            src != nullptr ? 0 : 16);
+  }
+}
+
+// One work item: the CTA's 64 packed rows of kv head h_kv (row r = query position r / group of
+// query head h_kv * group + r % group, so a GQA group shares every K and V tile), over the keys
+// of split split_idx. Warp w computes rows [16w, 16w + 16); row_of[e] is the row (0..15) of
+// element e of this thread's accumulator fragments.
+template <typename T, int D>
+__device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArgs& split, int64_t b, int64_t h_kv,
+                                             int64_t q_block, int split_idx, int warp, int lane,
+                                             const int (&row_of)[8], Smem<T, D>& sm) {
+  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
+  using FragKt = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;  // K^T: K rows are its columns
+  using FragV = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
+  using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  const int64_t group = p.hq / p.hkv;
+  const int64_t rows = p.sq * group;  // packed rows of this (batch, kv head)
+  const int64_t row0 = q_block * kBr;
+  const T* q_base = static_cast<const T*>(p.q) + b * p.q_batch_stride;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;  // [Sk][D], row stride k_seq_stride
+  const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;  // [Sk][D], row stride v_seq_stride
+
+  // 1. Keys: this split's range, cut by the causal mask of each row; the block needs keys up to
+  //    the end of its last row (with the bottom-right mask, the longest).
+  auto row_end = [&](int64_t r) {
+    const int64_t i = r / group;
+    const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
+    return min(n_keys, (split_idx + 1) * split.keys_per_split);
+  };
+  const int64_t kv_begin = split_idx * split.keys_per_split;
+  const int64_t block_end = row_end(min(row0 + kBr, rows) - 1);
+  // The two threads of each row keep its running max m and sum l (see stage 01); lane pair
+  // (2t, 2t+1) owns row 16w + t, each thread half of its Bc columns.
+  const int my_row = warp * 16 + lane / 2, my_half = lane % 2;
+  const bool my_row_valid = row0 + my_row < rows;
+  const int64_t my_end = my_row_valid ? row_end(row0 + my_row) : kv_begin;
+  float m = -INFINITY, l = 0.0f;
+
+  // 2. Start the Q block (zeros past the last row; cp.async group 0) and the first K/V tile
+  //    (group 1) on their way. Tile t goes to ring stage t % 2 (zeros past block_end). Wait for
+  //    Q alone, then load this warp's Q fragments while the tile is still landing.
+  load_tile_async<T, D, kBr>(sm.q, k, [&](int r) -> const T* {
+    if (row0 + r >= rows) return nullptr;
+    const int64_t i = (row0 + r) / group, h = h_kv * group + (row0 + r) % group;
+    return q_base + i * p.q_seq_stride + h * p.q_head_stride;
+  });
+  __pipeline_commit();
+  auto issue_tile = [&](int64_t kv_tile, int stage) {
+    load_tile_async<T, D, kBc>(sm.kv.k[stage], k, [=](int r) -> const T* {
+      return kv_tile + r < block_end ? k + (kv_tile + r) * p.k_seq_stride : nullptr;
+    });
+    load_tile_async<T, D, kBc>(sm.kv.v[stage], k, [=](int r) -> const T* {
+      return kv_tile + r < block_end ? v + (kv_tile + r) * p.v_seq_stride : nullptr;
+    });
+  };
+  if (kv_begin < block_end) issue_tile(kv_begin, 0);
+  __pipeline_commit();
+  __pipeline_wait_prior(1);
+  __syncthreads();
+  const bool warp_active = row0 + warp * 16 < rows;  // warp-uniform: skip blocks of padding rows
+  FragA q_frag[D / 16];
+  FragAcc o_frag[D / 16];
+#pragma unroll
+  for (int d = 0; d < D / 16; ++d) {
+    wmma::load_matrix_sync(q_frag[d], &sm.q[warp * 16][d * 16], D + kPad);
+    wmma::fill_fragment(o_frag[d], 0.0f);
+  }
+
+  int stage = 0;
+  for (int64_t kv_tile = kv_begin; kv_tile < block_end; kv_tile += kBc, stage ^= 1) {
+    // 3. Put tile t+1 in flight (an empty group after the last tile keeps the count uniform),
+    //    then wait for everything but that newest group: tile t has landed. The barrier makes
+    //    every thread's copies visible to all warps.
+    if (kv_tile + kBc < block_end) issue_tile(kv_tile + kBc, stage ^ 1);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+
+    if (warp_active) {
+      // 4. S = Q.K^T for this warp's 16 rows, 16 keys at a time, into shared memory (fp32).
+#pragma unroll
+      for (int n = 0; n < kBc / 16; ++n) {
+        FragAcc s_frag;
+        wmma::fill_fragment(s_frag, 0.0f);
+#pragma unroll
+        for (int d = 0; d < D / 16; ++d) {
+          FragKt kt_frag;
+          wmma::load_matrix_sync(kt_frag, &sm.kv.k[stage][n * 16][d * 16], D + kPad);
+          wmma::mma_sync(s_frag, q_frag[d], kt_frag, s_frag);
+        }
+        wmma::store_matrix_sync(&sm.s[warp * 16][n * 16], s_frag, kLdS, wmma::mem_row_major);
+      }
+      __syncwarp();
+
+      // 5. Online softmax of the tile: masked scores are -inf; m_safe keeps a row with no key yet
+      //    at exp2(-inf - 0) = 0 instead of the NaN of -inf - (-inf).
+      constexpr int kCols = kBc / 2;  // columns per thread
+      float s_reg[kCols], tile_max = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int col = my_half * kCols + c;
+        const float x = kv_tile + col < my_end ? sm.s[my_row][col] * p.scale : -INFINITY;
+        s_reg[c] = x;
+        tile_max = fmaxf(tile_max, x);
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      const float m_new = fmaxf(m, tile_max);
+      const float m_safe = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m - m_safe);
+      float tile_sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        s_reg[c] = exp2f(s_reg[c] - m_safe);  // now P, in place
+        tile_sum += s_reg[c];
+      }
+      tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
+      __syncwarp();  // both threads of a row have read its S before P overwrites it
+      T* p_row = reinterpret_cast<T*>(&sm.s[0][0]) + my_row * kLdP;  // [Bc]: this row's P, over its S
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) p_row[my_half * kCols + c] = from_float<T>(s_reg[c]);
+      l = l * alpha + tile_sum;
+      m = m_new;
+      if (my_half == 0) sm.row_scale[my_row] = alpha;
+      __syncwarp();
+
+      // 6. Rescale O by each row's alpha, then O += P.V on tensor cores.
+#pragma unroll
+      for (int d = 0; d < D / 16; ++d)
+#pragma unroll
+        for (int e = 0; e < o_frag[d].num_elements; ++e) o_frag[d].x[e] *= sm.row_scale[warp * 16 + row_of[e]];
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) {
+        FragA p_frag;
+        wmma::load_matrix_sync(p_frag, reinterpret_cast<const T*>(&sm.s[0][0]) + (warp * 16) * kLdP + kk * 16, kLdP);
+#pragma unroll
+        for (int d = 0; d < D / 16; ++d) {
+          FragV v_frag;
+          wmma::load_matrix_sync(v_frag, &sm.kv.v[stage][kk * 16][d * 16], D + kPad);
+          wmma::mma_sync(o_frag[d], p_frag, v_frag, o_frag[d]);
+        }
+      }
+    }
+    __syncthreads();  // the next iteration's prefetch overwrites this stage (and S, P are rewritten)
+  }
+  __pipeline_wait_prior(0);  // no copy may still be landing when shared memory is reused
+  __syncthreads();
+
+  // 7. Normalise: O /= l; LSE = m + log l. An empty row has l = 0: O = 0, LSE = -inf. Stage
+  //    the block in shared memory (over the K/V tiles, which the barrier above freed).
+  if (my_half == 0) {
+    sm.row_scale[my_row] = l > 0.0f ? 1.0f / l : 0.0f;
+    sm.row_lse[my_row] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+  }
+  __syncwarp();
+#pragma unroll
+  for (int d = 0; d < D / 16; ++d) {
+#pragma unroll
+    for (int e = 0; e < o_frag[d].num_elements; ++e) o_frag[d].x[e] *= sm.row_scale[warp * 16 + row_of[e]];
+    wmma::store_matrix_sync(&sm.o[warp * 16][d * 16], o_frag[d], D + kPadF, wmma::mem_row_major);
+  }
+  __syncwarp();
+
+  // 8. Store this warp's rows: the answer when there is one split, else this split's part.
+  constexpr int E = D / kWarp;
+  const int64_t n_rows = p.b * p.hq * p.sq;
+  for (int t = 0; t < 16; ++t) {
+    const int rr = warp * 16 + t;
+    if (row0 + rr >= rows) break;
+    const int64_t i = (row0 + rr) / group, h = h_kv * group + (row0 + rr) % group;
+    const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
+    float o_row[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_row[e] = sm.o[rr][lane * E + e];
+    if (split.num_splits == 1) {
+      T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
+      store_from_float<E>(o + lane * E, o_row);
+      if (p.lse != nullptr && lane == 0) p.lse[row] = sm.row_lse[rr];
+    } else {
+      store_floats<E>(split.o_partial + (split_idx * n_rows + row) * D + lane * E, o_row);
+      if (lane == 0) split.lse_partial[split_idx * n_rows + row] = sm.row_lse[rr];
+    }
+  }
+}
+
+// The merge of one output row, by one warp. Split s holds O_s (normalised over its keys) and LSE_s.
+// With m = max_s LSE_s (-inf counted as 0 for the shift, so an all-empty row stays finite) and
+// w_s = exp(LSE_s - m):  O = sum_s w_s O_s / sum_s w_s,  LSE = m + log sum_s w_s.
+// Summing the splits in index order keeps the result bit-identical run to run. The partials were
+// written by other SMs in this launch: they are read through L2 (__ldcg), never a stale L1 line.
+template <typename T, int D>
+__device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& split, int64_t row, int lane) {
+  constexpr int E = D / kWarp;
+  const int64_t n_rows = p.b * p.hq * p.sq;
+  const int64_t i = row % p.sq, h = (row / p.sq) % p.hq, b = row / (p.sq * p.hq);
+
+  float m = -INFINITY;
+  for (int s = lane; s < split.num_splits; s += kWarp) m = fmaxf(m, __ldcg(split.lse_partial + s * n_rows + row));
+  m = warp_max(m);
+  const float shift = m == -INFINITY ? 0.0f : m;
+
+  float sum_w = 0.0f, o_acc[E] = {};
+#pragma unroll 8  // eight splits' loads in flight, not one L2 round trip per split
+  for (int s = 0; s < split.num_splits; ++s) {
+    const float w = expf(__ldcg(split.lse_partial + s * n_rows + row) - shift);  // 0 for an empty split
+    float part[E];
+    load_floats_cg<E>(split.o_partial + (s * n_rows + row) * D + lane * E, part);
+    sum_w += w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_acc[e] += w * part[e];
+  }
+  const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o_acc[e] *= inv;
+  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
+  store_from_float<E>(o + lane * E, o_acc);
+  if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+}
+
+// grid = min(work items, resident CTAs), block 4 warps. Each CTA loops over work items.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) cp_async_kernel(const AttnParams p, const SplitArgs split) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Smem<T, D>& sm = *reinterpret_cast<Smem<T, D>*>(smem_raw);
+  __shared__ unsigned long long s_item;
+  __shared__ bool s_last;
+  // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane.
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarp), 0);
+  const int lane = threadIdx.x % kWarp;
+
+  // 0. Which row of a 16x16 accumulator fragment each of this thread's elements holds. The
+  //    layout is not specified, so ask the API: load a matrix whose entries are their row index.
+  for (int c = threadIdx.x; c < 16 * 16; c += kThreads) sm.s[c / 16][c % 16] = static_cast<float>(c / 16);
+  __syncthreads();
+  int row_of[8];
+  {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> rows_frag;
+    wmma::load_matrix_sync(rows_frag, &sm.s[0][0], kLdS, wmma::mem_row_major);
+    static_assert(decltype(rows_frag)::num_elements == 8, "an fp32 16x16 accumulator holds 8 elements per thread");
+#pragma unroll
+    for (int e = 0; e < 8; ++e) row_of[e] = static_cast<int>(rows_frag.x[e]);
+  }
+
+  const unsigned long long n_items =
+      static_cast<unsigned long long>(split.q_blocks * p.hkv * p.b) * static_cast<unsigned long long>(split.num_splits);
+  for (;;) {
+    // 1. The next work item. The first barrier publishes thread 0's fetch; the second keeps it
+    //    from fetching again (overwriting s_item) before every warp has read it, and keeps the
+    //    next item's tiles from overwriting shared memory the previous item still reads.
+    if (threadIdx.x == 0) s_item = atomicAdd(split.next_item, 1ull);
+    __syncthreads();
+    const unsigned long long item = s_item;
+    __syncthreads();
+    if (item >= n_items) return;
+
+    // 2. Decode it: splits fastest (a query block's splits run close together, and its merge
+    //    soon after), then kv heads and batches; query blocks last, the longest first when causal
+    //    (with the bottom-right mask, later query blocks see more keys).
+    const int split_idx = static_cast<int>(item % split.num_splits);
+    unsigned long long rest = item / split.num_splits;
+    const int64_t h_kv = static_cast<int64_t>(rest % p.hkv);
+    rest /= p.hkv;
+    const int64_t b = static_cast<int64_t>(rest % p.b);
+    const int64_t q_rank = static_cast<int64_t>(rest / p.b);
+    const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
+    attend_block<T, D>(p, split, b, h_kv, q_block, split_idx, warp, lane, row_of, sm);
+    if (split.num_splits == 1) continue;
+
+    // 3. Fused merge. Every thread makes its partials visible device-wide, then thread 0 counts
+    //    this split in; the CTA that brings the count to num_splits merges the query block.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int64_t block_id = (b * p.hkv + h_kv) * split.q_blocks + q_block;
+      s_last = atomicAdd(split.arrivals + block_id, 1) == split.num_splits - 1;
+    }
+    __syncthreads();
+    if (!s_last) continue;
+    __threadfence();  // order the partial reads after the other CTAs' arrivals
+    const int64_t group = p.hq / p.hkv, rows = p.sq * group;
+    for (int rr = warp; rr < kBr && q_block * kBr + rr < rows; rr += kWarps) {
+      const int64_t r = q_block * kBr + rr, i = r / group, h = h_kv * group + r % group;
+      merge_row<T, D>(p, split, (b * p.hq + h) * p.sq + i, lane);
+    }
+  }
+}
+
+using Kernel = void (*)(AttnParams, SplitArgs);
+
+Kernel select_kernel(const AttnParams& p) {
+  if (p.dtype == DType::f16) return p.d == 64 ? cp_async_kernel<__half, 64> : cp_async_kernel<__half, 128>;
+  return p.d == 64 ? cp_async_kernel<__nv_bfloat16, 64> : cp_async_kernel<__nv_bfloat16, 128>;
+}
+
+// Dynamic shared memory of the kernel for p.
+size_t smem_bytes(const AttnParams& p) {
+  if (p.dtype == DType::f16) return p.d == 64 ? sizeof(Smem<__half, 64>) : sizeof(Smem<__half, 128>);
+  return p.d == 64 ? sizeof(Smem<__nv_bfloat16, 64>) : sizeof(Smem<__nv_bfloat16, 128>);
+}
+
+// Resident CTAs per SM of a kernel, from the occupancy calculator, cached per (kernel, device).
+// The first call also lifts the kernel's dynamic shared-memory limit above the default 48 KB.
+Status resident_ctas_per_sm(Kernel kernel, int threads, size_t smem, int* out) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> cache;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return Status::Error("cudaGetDevice failed");
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    int n = 0;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem);
+    if (err != cudaSuccess) return Status::Error(std::string("occupancy: ") + cudaGetErrorString(err));
+    it = cache.emplace(key, std::max(n, 1)).first;
+  }
+  *out = it->second;
+  return Status::Ok();
+}
+
+// How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
+// the best wave efficiency (busy slots / all slots over the waves it takes), the smallest such
+// count when several tie, capped by kMaxSplits and by max_splits.
+int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits_for_keys) {
+  if (ctas_without_split * 10 >= slots * 8) return 1;  // >= 80% of one wave: splitting buys little
+  const int64_t max_splits = std::min<int64_t>(kMaxSplits, max_splits_for_keys);
+  int best = 1;
+  double best_efficiency = 0;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const int64_t ctas = ctas_without_split * s;
+    const int64_t waves = (ctas + slots - 1) / slots;
+    const double efficiency = static_cast<double>(ctas) / static_cast<double>(waves * slots);
+    if (efficiency > best_efficiency + 1e-9) best = static_cast<int>(s), best_efficiency = efficiency;
+  }
+  return best;
+}
+
+// Everything launch() decides for a problem.
+struct Launch {
+  size_t smem = 0;         // dynamic shared memory per CTA
+  int64_t q_blocks = 0;    // ceil(Sq * group / Br)
+  int ctas_per_sm = 0;     // resident CTAs per SM of the main kernel
+  int64_t slots = 0;       // ctas_per_sm * SMs
+  SplitArgs split;         // num_splits, keys_per_split, q_blocks (pointers filled at launch)
+  int64_t items = 0;       // work items: q_blocks * Hkv * B * num_splits
+  int64_t ctas = 0;        // persistent CTAs: min(items, slots)
+  Kernel kernel = nullptr;
+};
+
+Status make_launch(const AttnParams& p, Launch* out) {
+  const DeviceInfo* device = nullptr;
+  ATTN_TRY(current_device(&device));
+  Launch l;
+  l.kernel = select_kernel(p);
+  l.smem = smem_bytes(p);
+  if (l.smem > device->smem_per_block_optin) {
+    return Status::Error("stage 05_cp_async needs " + std::to_string(l.smem) + " bytes of shared memory per CTA, the device allows " +
+                         std::to_string(device->smem_per_block_optin));
+  }
+  const int64_t packed_rows = p.sq * (p.hq / p.hkv);  // (query position, head) rows per (batch, kv head)
+  l.q_blocks = (packed_rows + kBr - 1) / kBr;
+  ATTN_TRY(resident_ctas_per_sm(l.kernel, kThreads, l.smem, &l.ctas_per_sm));
+  l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
+  const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
+  const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, std::max<int64_t>(1, kv_tiles / kMinTilesPerSplit));
+  // Whole tiles per split; recount so that no split is empty by construction.
+  l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
+  l.split.num_splits = static_cast<int>((p.sk + l.split.keys_per_split - 1) / l.split.keys_per_split);
+  l.split.q_blocks = l.q_blocks;
+  l.items = l.q_blocks * p.hkv * p.b * l.split.num_splits;
+  l.ctas = std::min(l.items, l.slots);
+  *out = l;
+  return Status::Ok();
+}
+
+// Workspace: [o_partial][lse_partial][next_item][arrivals], each part 256-byte aligned.
+struct WorkspaceLayout {
+  size_t o_partial = 0, lse_partial = 0, counters = 0, counter_bytes = 0, total = 0;  // byte offsets and sizes
+};
+
+WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
+  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
+  const size_t splits = l.split.num_splits > 1 ? static_cast<size_t>(l.split.num_splits) : 0;
+  WorkspaceLayout w;
+  w.lse_partial = align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
+  w.counters = w.lse_partial + align(splits * rows * sizeof(float));
+  const size_t blocks = splits > 0 ? static_cast<size_t>(l.q_blocks * p.hkv * p.b) : 0;
+  w.counter_bytes = sizeof(unsigned long long) + blocks * sizeof(int);
+  w.total = w.counters + align(w.counter_bytes);
+  return w;
+}
+
+size_t workspace_bytes(const AttnParams& p) {
+  Launch l;
+  if (!make_launch(p, &l).ok()) return 0;
+  return layout_for(p, l).total;
+}
+
+Status plan(const AttnParams& p, LaunchPlan* out) {
+  Launch l;
+  ATTN_TRY(make_launch(p, &l));
+  out->grid = dim3(static_cast<unsigned>(l.ctas));
+  out->block = dim3(kThreads);
+  out->dynamic_smem_bytes = l.smem;
+  out->kernel = reinterpret_cast<const void*>(l.kernel);
+  out->notes = "persistent: " + std::to_string(l.ctas) + " CTAs over " + std::to_string(l.items) + " work items" +
+               (p.causal ? " (longest first)" : "") + ", num_splits=" + std::to_string(l.split.num_splits) + " (" + std::to_string(l.q_blocks * p.hkv * p.b) +
+               " CTAs unsplit, " + std::to_string(l.slots) + " resident slots = " + std::to_string(l.ctas_per_sm) +
+               "/SM), " + std::to_string(l.split.keys_per_split) + " keys per split, Br=" + std::to_string(kBr) +
+               " packed rows (GQA group " + std::to_string(p.hq / p.hkv) + "), Bc=" + std::to_string(kBc) +
+               (l.split.num_splits > 1 ? ", merge fused" : "");
+  return Status::Ok();
+}
+
+Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
+  ATTN_TRY(validate_params(p));  // before workspace_bytes(), which divides by Hkv
+  ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, workspace_bytes(p)));
+  Launch l;
+  ATTN_TRY(make_launch(p, &l));
+  AttnParams kp = p;
+  // Scores in log2 units: exp(x) = exp2(x * log2(e)), and exp2f is one MUFU.EX2 instruction.
+  kp.scale = effective_scale(p) * kLog2e;
+  const WorkspaceLayout w = layout_for(p, l);
+  char* base = static_cast<char*>(ws.ptr);
+  SplitArgs split = l.split;
+  split.o_partial = reinterpret_cast<float*>(base + w.o_partial);
+  split.lse_partial = reinterpret_cast<float*>(base + w.lse_partial);
+  split.next_item = reinterpret_cast<unsigned long long*>(base + w.counters);
+  split.arrivals = reinterpret_cast<int*>(base + w.counters + sizeof(unsigned long long));
+  // The queue and the arrival counters start at zero in every launch (a memset node in a graph).
+  if (cudaMemsetAsync(base + w.counters, 0, w.counter_bytes, stream) != cudaSuccess) return check_launch(kStageName);
+  l.kernel<<<static_cast<unsigned>(l.ctas), kThreads, l.smem, stream>>>(kp, split);
+  return check_launch(kStageName);
+}
+
+}  // namespace
+
+StageInfo stage_05_cp_async() {
+  StageInfo s;
+  s.name = kStageName;
+  s.description = "K/V tiles fetched with cp.async into a two-stage ring, overlapping compute; rows padded";
+  s.min_sm = kMinSm;
+  s.launch = launch;
+  s.plan = plan;
+  s.workspace_bytes = workspace_bytes;
+  s.bench_max_seq = 4096;  // prefill is still CUDA-core work: ~30 ms a launch at S=4096
+  return s;
+}
+
+}  // namespace attn
