@@ -7,6 +7,7 @@
 #   runner     the main job on the seed shape and on the default shape
 #   bench      attn_bench -> $OUT/bench.json (extra flags in $BENCH_FLAGS)
 #   peers      tools/peers.py -> $OUT/peers.json
+#   ncu        Nsight Compute counters of stages 03-05 on prefill_d128_s4096 -> $OUT/ncu.log
 # Every step runs even if an earlier one failed; the summary at the end says which failed.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -32,6 +33,7 @@ for step in "$@"; do
     bench) run_step bench build/bench/attn_bench --benchmark_out="$OUT/bench.json" ${BENCH_FLAGS:-} ;;
     peers) run_step peers bash -c "build/bench/attn_runner --shapes-json > '$OUT/shapes.json' && \
              PYTHONUNBUFFERED=1 python3 tools/peers.py --shapes '$OUT/shapes.json' --out '$OUT/peers.json' ${PEERS_FLAGS:-}" ;;
+    ncu) run_step ncu tools/ncu_stages.sh ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
