@@ -563,7 +563,6 @@ StageInfo stage_05_cp_async() {
   s.launch = launch;
   s.plan = plan;
   s.workspace_bytes = workspace_bytes;
-  s.bench_max_seq = 4096;  // prefill is still CUDA-core work: ~30 ms a launch at S=4096
   return s;
 }
 
