@@ -10,7 +10,8 @@
 // memory and writes P back in the input type for the second product. O stays in accumulator
 // fragments for the whole row block. Scheduling (persistent CTAs, split-KV, fused merge) is 03's.
 //
-// Figures: notebooks_md/04_wmma.md and the README table.
+// Figures (H200, results/h200/, commit 476320b): prefill_d128_s4096 28.5 TFLOP/s (4.9x over 03),
+// causal 30.8; seed 23.2 us; decode_b1_sk131072 1106 GB/s. Why: notebooks_md/04_wmma.md.
 #include <algorithm>
 #include <cmath>
 
