@@ -11,17 +11,6 @@
 
 namespace attn {
 
-/// Maps DType to the CUDA element type.
-template <DType> struct ElementType;
-/// fp16 is __half.
-template <> struct ElementType<DType::f16> {
-  using type = __half;  ///< CUDA's fp16
-};
-/// bf16 is __nv_bfloat16.
-template <> struct ElementType<DType::bf16> {
-  using type = __nv_bfloat16;  ///< CUDA's bf16
-};
-
 /// An element as fp32.
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 /// An element as fp32.

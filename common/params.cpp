@@ -114,13 +114,16 @@ Status check_compute_capability(const char* stage, int min_sm, int device_sm) {
                        " or newer, found sm_" + std::to_string(device_sm));
 }
 
+Status check_workspace(const char* stage, const Workspace& ws, size_t workspace_bytes_needed) {
+  if (ws.bytes >= workspace_bytes_needed && (workspace_bytes_needed == 0 || ws.ptr != nullptr)) return Status::Ok();
+  return Status::Error(std::string("workspace (") + std::to_string(ws.bytes) + " bytes) is smaller than the " +
+                       std::to_string(workspace_bytes_needed) + " bytes stage " + stage + " needs");
+}
+
 Status validate_launch(const AttnParams& p, const char* stage, int min_sm, const Workspace& ws,
                        size_t workspace_bytes_needed) {
   ATTN_TRY(validate_params(p));
-  if (ws.bytes < workspace_bytes_needed || (workspace_bytes_needed > 0 && ws.ptr == nullptr)) {
-    return Status::Error(std::string("workspace (") + std::to_string(ws.bytes) + " bytes) is smaller than the " +
-                         std::to_string(workspace_bytes_needed) + " bytes stage " + stage + " needs");
-  }
+  ATTN_TRY(check_workspace(stage, ws, workspace_bytes_needed));
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
   return check_compute_capability(stage, min_sm, device->sm);

@@ -81,6 +81,9 @@ Status validate_params(const AttnParams& p);
 /// compute capability @p device_sm; the message names the stage's requirement and the device's.
 Status check_compute_capability(const char* stage, int min_sm, int device_sm);
 
+/// Check that @p ws holds the @p workspace_bytes_needed bytes @p stage needs.
+Status check_workspace(const char* stage, const Workspace& ws, size_t workspace_bytes_needed);
+
 /// What every stage's launch does first: validate_params(), then the current device's compute
 /// capability against @p min_sm, then the workspace size. Nothing is launched or written.
 Status validate_launch(const AttnParams& p, const char* stage, int min_sm, const Workspace& ws,

@@ -329,11 +329,16 @@ Status make_launch(const AttnParams& p, Launch* out) {
   return Status::Ok();
 }
 
-size_t workspace_bytes(const AttnParams& p) {
-  Launch l;
-  if (!make_launch(p, &l).ok() || l.split.num_splits == 1) return 0;
+// Partials of every split: O (D floats per row) and LSE (one float per row).
+size_t workspace_bytes_for(const AttnParams& p, const Launch& l) {
+  if (l.split.num_splits == 1) return 0;
   const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
   return static_cast<size_t>(l.split.num_splits) * rows * (static_cast<size_t>(p.d) + 1) * sizeof(float);
+}
+
+size_t workspace_bytes(const AttnParams& p) {
+  Launch l;
+  return make_launch(p, &l).ok() ? workspace_bytes_for(p, l) : 0;
 }
 
 Status plan(const AttnParams& p, LaunchPlan* out) {
@@ -354,10 +359,10 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
 }
 
 Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
-  ATTN_TRY(validate_params(p));  // before workspace_bytes(), which divides by Hkv
-  ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, workspace_bytes(p)));
+  ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, 0));  // parameters and GPU, before the plan
   Launch l;
   ATTN_TRY(make_launch(p, &l));
+  ATTN_TRY(check_workspace(kStageName, ws, workspace_bytes_for(p, l)));
   AttnParams kp = p;
   // Scores in log2 units: exp(x) = exp2(x * log2(e)), and exp2f is one MUFU.EX2 instruction.
   kp.scale = effective_scale(p) * kLog2e;

@@ -506,14 +506,14 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
 }
 
 Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
-  ATTN_TRY(validate_params(p));  // before workspace_bytes(), which divides by Hkv
-  ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, workspace_bytes(p)));
+  ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, 0));  // parameters and GPU, before the plan
   Launch l;
   ATTN_TRY(make_launch(p, &l));
+  const WorkspaceLayout w = layout_for(p, l);
+  ATTN_TRY(check_workspace(kStageName, ws, w.total));
   AttnParams kp = p;
   // Scores in log2 units: exp(x) = exp2(x * log2(e)), and exp2f is one MUFU.EX2 instruction.
   kp.scale = effective_scale(p) * kLog2e;
-  const WorkspaceLayout w = layout_for(p, l);
   char* base = static_cast<char*>(ws.ptr);
   SplitArgs split = l.split;
   split.o_partial = reinterpret_cast<float*>(base + w.o_partial);
