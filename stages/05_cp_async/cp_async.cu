@@ -18,6 +18,7 @@
 #include <mma.h>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include "device.h"
@@ -92,28 +93,122 @@ struct Smem {
     } kv;
     float o[kBr][D + kPadF];         // [Br][D]: the output block, staged for the store (after the last tile)
   };
-  // [Br][Bc]: scores of the tile, fp32; each row's P (input type) is written over its own S row,
-  // with twice the element stride, which saves a separate 8 KB P tile.
-  float s[kBr][kBc + kPadF];
-  float row_scale[kBr];              // per row: alpha while looping, 1/l at the end
   float row_lse[kBr];                // per row: the LSE, for the store
 };
-constexpr int kLdS = kBc + kPadF;    // fp32 elements between S rows
-constexpr int kLdP = 2 * kLdS;       // 16-bit elements between P rows (the same bytes)
 // The budget the occupancy calculator and the device limit are checked against (D = 128 is the
-// largest): 17 (Q) + 68 (K/V ring) + 17 (S/P) KB + 512 B = 102.5 KB: two CTAs on a 228 KB SM.
-static_assert(sizeof(Smem<__nv_bfloat16, 128>) == 104960, "shared-memory budget of stage 05 (D=128)");
+// largest): 17 (Q) + 68 (K/V ring; later O) KB + 256 B = 85.25 KB: two CTAs on a 228 KB SM.
+static_assert(sizeof(Smem<__nv_bfloat16, 128>) == 87296, "shared-memory budget of stage 05 (D=128)");
 static_assert(2 * (sizeof(Smem<__nv_bfloat16, 128>) + 1024) <= 228 * 1024, "two CTAs per Hopper SM");
+
+// A 16x16 fragment of a shared-memory tile (ldm elements between rows). For fp16, nvcc turns
+// load_matrix_sync into ldmatrix (one instruction per fragment); for bf16 it emits generic 32-bit
+// loads plus MOVM transposes, several times the instructions (nvcc 13.0, sm_90). A fragment only
+// moves 16-bit elements, so bf16 tiles are loaded through an fp16 fragment and the bits copied
+// over: the same registers, by ldmatrix (checked on entry, see learn_fragment_map).
+template <typename Use, typename Layout, typename T>
+__device__ __forceinline__ void load_fragment(wmma::fragment<Use, 16, 16, 16, T, Layout>& frag, const T* tile, unsigned ldm) {
+  if constexpr (std::is_same_v<T, __half>) {
+    wmma::load_matrix_sync(frag, tile, ldm);
+  } else {
+    wmma::fragment<Use, 16, 16, 16, __half, Layout> as_half;
+    wmma::load_matrix_sync(as_half, reinterpret_cast<const __half*>(tile), ldm);
+#pragma unroll
+    for (int e = 0; e < frag.num_elements; ++e) frag.x[e] = from_bits<T>(to_bits(as_half.x[e]));
+  }
+}
+
+// Whether load_fragment gives the registers load_matrix_sync gives, for a tile in shared memory.
+template <typename Use, typename Layout, typename T>
+__device__ bool load_fragment_is_exact(const T* tile) {
+  wmma::fragment<Use, 16, 16, 16, T, Layout> native, loaded;
+  wmma::load_matrix_sync(native, tile, 16);
+  load_fragment(loaded, tile, 16);
+  bool same = true;
+#pragma unroll
+  for (int e = 0; e < native.num_elements; ++e) same = same && to_bits(native.x[e]) == to_bits(loaded.x[e]);
+  return same;
+}
+
+// Where this thread's elements sit in a 16x16 accumulator fragment. WMMA leaves the layout
+// unspecified, so the kernel learns it on entry (learn_fragment_map) and checks the two facts the
+// softmax relies on: the 8 elements lie in two rows, element e in row[(e >> 1) & 1], shared with
+// the other 3 lanes of its quad (so a row's max and sum are 2 shuffles away); and element e of a
+// matrix_a fragment holds what element e % 8 of the accumulator holds (so P goes from the S
+// accumulator to the A operand of P.V in registers). Both hold for mma.sync's m16n8k16 layout,
+// which WMMA compiles to on sm_80 and sm_90. It also checks load_fragment against
+// load_matrix_sync for the three operand fragments.
+struct FragMap {
+  int row[2];  // the two rows (0..15) of this thread's elements
+  int col[8];  // the column (0..15) of element e
+};
+__device__ __forceinline__ int half_of(int e) { return (e >> 1) & 1; }  // which of the two rows
+
+// Learn the map by loading a 16x16 matrix whose entries are their own index (16 * row + col),
+// exact in fp32, fp16 and bf16; trap if a check fails. ids_f32 and ids_t: shared scratch.
+template <typename T>
+__device__ FragMap learn_fragment_map(float* ids_f32, T* ids_t) {
+  for (int c = threadIdx.x; c < 16 * 16; c += kThreads) ids_f32[c] = static_cast<float>(c), ids_t[c] = from_float<T>(static_cast<float>(c));
+  __syncthreads();
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+  wmma::load_matrix_sync(acc, ids_f32, 16, wmma::mem_row_major);
+  wmma::load_matrix_sync(a, ids_t, 16);
+  static_assert(decltype(acc)::num_elements == 8, "an fp32 16x16 accumulator holds 8 elements per thread");
+  FragMap map;
+  map.row[0] = static_cast<int>(acc.x[0]) / 16;
+  map.row[1] = static_cast<int>(acc.x[2]) / 16;
+  bool ok = load_fragment_is_exact<wmma::matrix_a, wmma::row_major>(ids_t) &&
+            load_fragment_is_exact<wmma::matrix_b, wmma::col_major>(ids_t) &&
+            load_fragment_is_exact<wmma::matrix_b, wmma::row_major>(ids_t);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    map.col[e] = static_cast<int>(acc.x[e]) % 16;
+    ok = ok && static_cast<int>(acc.x[e]) / 16 == map.row[half_of(e)];
+  }
+#pragma unroll
+  for (int e = 0; e < a.num_elements; ++e) ok = ok && to_float(a.x[e]) == acc.x[e % 8];
+#pragma unroll
+  for (int offset = 1; offset <= 2; offset *= 2)
+    ok = ok && __shfl_xor_sync(0xffffffffu, map.row[0], offset) == map.row[0] &&
+         __shfl_xor_sync(0xffffffffu, map.row[1], offset) == map.row[1];
+  if (!__all_sync(0xffffffffu, ok)) __trap();  // a fragment layout this kernel was not written for
+  __syncthreads();  // the scratch is reused
+  return map;
+}
+
+// 2^x in one MUFU.EX2 instruction (PTX ex2.approx.ftz: 2 ulp, results below 2^-126 flushed to
+// 0, ex2(-inf) = 0). exp2f adds a range test and two multiplies to keep such tiny results exact,
+// which a probability that small does not need.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Maximum over the 4 lanes of a quad, which share a fragment row.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+// Sum over the 4 lanes of a quad.
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
 
 // Start copying rows of D elements into a shared-memory tile with cp.async, 16 bytes per thread
 // per step; row r comes from src_row(r), or is zero-filled when that returns null (past the end:
 // zeros keep P.V finite). Nothing waits here: the caller commits and later waits.
+// Thread t copies piece t % (D/8) of rows t / (D/8), + kRowStep, ...: the loop unrolls into a
+// few instructions per 16 bytes, with no division.
 template <typename T, int D, int Rows, int Ld, typename RowFn>
 __device__ __forceinline__ void load_tile_async(T (&tile)[Rows][Ld], const T* any_valid, RowFn src_row) {
   constexpr int kChunks = D / 8;  // 16-byte pieces per row
-#pragma unroll 1  // unrolled, the precomputed addresses cost the registers the fragments need
-  for (int c = threadIdx.x; c < Rows * kChunks; c += kThreads) {
-    const int r = c / kChunks, piece = c % kChunks;
+  constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && Rows % kRowStep == 0, "every thread copies the same pieces");
+  const int piece = threadIdx.x % kChunks;
+#pragma unroll
+  for (int r = threadIdx.x / kChunks; r < Rows; r += kRowStep) {
     const T* src = src_row(r);
     // Zero-fill reads no source bytes, but the address is kept valid all the same.
     __pipeline_memcpy_async(&tile[r][piece * 8], (src != nullptr ? src : any_valid) + piece * 8, 16,
@@ -121,14 +216,28 @@ __device__ __forceinline__ void load_tile_async(T (&tile)[Rows][Ld], const T* an
   }
 }
 
+// Start copying rows [0, valid) of a K or V tile from src + r * stride into a shared-memory tile
+// and zero-fill the rest, with load_tile_async's thread-to-piece map and one pointer step per row.
+template <typename T, int D, int Rows, int Ld>
+__device__ __forceinline__ void load_rows_async(T (&tile)[Rows][Ld], const T* any_valid, const T* src, int64_t stride,
+                                                int64_t valid) {
+  constexpr int kChunks = D / 8;
+  constexpr int kRowStep = kThreads / kChunks;
+  const int piece = threadIdx.x % kChunks;
+  const T* row = src + (threadIdx.x / kChunks) * stride + piece * 8;
+#pragma unroll
+  for (int r = threadIdx.x / kChunks; r < Rows; r += kRowStep, row += kRowStep * stride)
+    __pipeline_memcpy_async(&tile[r][piece * 8], r < valid ? row : any_valid, 16, r < valid ? 0 : 16);
+}
+
 // One work item: the CTA's 64 packed rows of kv head h_kv (row r = query position r / group of
 // query head h_kv * group + r % group, so a GQA group shares every K and V tile), over the keys
-// of split split_idx. Warp w computes rows [16w, 16w + 16); row_of[e] is the row (0..15) of
-// element e of this thread's accumulator fragments.
+// of split split_idx. Warp w computes rows [16w, 16w + 16); map says where this thread's
+// fragment elements sit.
 template <typename T, int D>
 __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArgs& split, int64_t b, int64_t h_kv,
                                              int64_t q_block, int split_idx, int warp, int lane,
-                                             const int (&row_of)[8], Smem<T, D>& sm) {
+                                             const FragMap& map, Smem<T, D>& sm) {
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
   using FragKt = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;  // K^T: K rows are its columns
   using FragV = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
@@ -149,12 +258,20 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   };
   const int64_t kv_begin = split_idx * split.keys_per_split;
   const int64_t block_end = row_end(min(row0 + kBr, rows) - 1);
-  // The two threads of each row keep its running max m and sum l (see stage 01); lane pair
-  // (2t, 2t+1) owns row 16w + t, each thread half of its Bc columns.
-  const int my_row = warp * 16 + lane / 2, my_half = lane % 2;
-  const bool my_row_valid = row0 + my_row < rows;
-  const int64_t my_end = my_row_valid ? row_end(row0 + my_row) : kv_begin;
-  float m = -INFINITY, l = 0.0f;
+  // Tiles that end by the first row's last key need no mask (with the bottom-right causal mask
+  // the first row sees the fewest keys); only the tiles after them test each score.
+  const int64_t unmasked_end = kv_begin + max(int64_t{0}, row_end(row0) - kv_begin) / kBc * kBc;
+  // Each thread keeps the running max m of its two rows (the same in the 4 lanes of a quad) and
+  // its own part of their sums l (summed over the quad at the end). Padding rows past the last
+  // take every key of the block: their zeros stay finite and are never stored.
+  int64_t end[2];
+  float m[2], l[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = row0 + warp * 16 + map.row[h];
+    end[h] = r < rows ? row_end(r) : block_end;
+    m[h] = -INFINITY, l[h] = 0.0f;
+  }
 
   // 2. Start the Q block (zeros past the last row; cp.async group 0) and the first K/V tile
   //    (group 1) on their way. Tile t goes to ring stage t % 2 (zeros past block_end). Wait for
@@ -166,12 +283,8 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   });
   __pipeline_commit();
   auto issue_tile = [&](int64_t kv_tile, int stage) {
-    load_tile_async<T, D, kBc>(sm.kv.k[stage], k, [=](int r) -> const T* {
-      return kv_tile + r < block_end ? k + (kv_tile + r) * p.k_seq_stride : nullptr;
-    });
-    load_tile_async<T, D, kBc>(sm.kv.v[stage], k, [=](int r) -> const T* {
-      return kv_tile + r < block_end ? v + (kv_tile + r) * p.v_seq_stride : nullptr;
-    });
+    load_rows_async<T, D, kBc>(sm.kv.k[stage], k, k + kv_tile * p.k_seq_stride, p.k_seq_stride, block_end - kv_tile);
+    load_rows_async<T, D, kBc>(sm.kv.v[stage], k, v + kv_tile * p.v_seq_stride, p.v_seq_stride, block_end - kv_tile);
   };
   if (kv_begin < block_end) issue_tile(kv_begin, 0);
   __pipeline_commit();
@@ -182,12 +295,14 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   FragAcc o_frag[D / 16];
 #pragma unroll
   for (int d = 0; d < D / 16; ++d) {
-    wmma::load_matrix_sync(q_frag[d], &sm.q[warp * 16][d * 16], D + kPad);
+    load_fragment(q_frag[d], &sm.q[warp * 16][d * 16], D + kPad);
     wmma::fill_fragment(o_frag[d], 0.0f);
   }
 
-  int stage = 0;
-  for (int64_t kv_tile = kv_begin; kv_tile < block_end; kv_tile += kBc, stage ^= 1) {
+  // One step of the online softmax over keys [kv_tile, kv_tile + Bc), from ring stage stage;
+  // Masked says whether the tile reaches past some row's last key.
+  auto attend_tile = [&](int64_t kv_tile, int stage, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
     // 3. Put tile t+1 in flight (an empty group after the last tile keeps the count uniform),
     //    then wait for everything but that newest group: tile t has landed. The barrier makes
     //    every thread's copies visible to all warps.
@@ -197,85 +312,94 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
     __syncthreads();
 
     if (warp_active) {
-      // 4. S = Q.K^T for this warp's 16 rows, 16 keys at a time, into shared memory (fp32).
+      // 4. S = Q.K^T for this warp's 16 rows: Bc/16 accumulator fragments of 16 keys, kept in
+      //    registers.
+      FragAcc s_frag[kBc / 16];
 #pragma unroll
       for (int n = 0; n < kBc / 16; ++n) {
-        FragAcc s_frag;
-        wmma::fill_fragment(s_frag, 0.0f);
+        wmma::fill_fragment(s_frag[n], 0.0f);
 #pragma unroll
         for (int d = 0; d < D / 16; ++d) {
           FragKt kt_frag;
-          wmma::load_matrix_sync(kt_frag, &sm.kv.k[stage][n * 16][d * 16], D + kPad);
-          wmma::mma_sync(s_frag, q_frag[d], kt_frag, s_frag);
+          load_fragment(kt_frag, &sm.kv.k[stage][n * 16][d * 16], D + kPad);
+          wmma::mma_sync(s_frag[n], q_frag[d], kt_frag, s_frag[n]);
         }
-        wmma::store_matrix_sync(&sm.s[warp * 16][n * 16], s_frag, kLdS, wmma::mem_row_major);
       }
-      __syncwarp();
 
-      // 5. Online softmax of the tile: masked scores are -inf; m_safe keeps a row with no key yet
-      //    at exp2(-inf - 0) = 0 instead of the NaN of -inf - (-inf).
-      constexpr int kCols = kBc / 2;  // columns per thread
-      float s_reg[kCols], tile_max = -INFINITY;
+      // 5. Online softmax of the tile, in registers. Masked scores are -inf; m_safe keeps a row
+      //    with no key yet at exp2(-inf - 0) = 0 instead of the NaN of -inf - (-inf).
+      int limit[2];  // keys of the tile each row may see
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        const int col = my_half * kCols + c;
-        const float x = kv_tile + col < my_end ? sm.s[my_row][col] * p.scale : -INFINITY;
-        s_reg[c] = x;
-        tile_max = fmaxf(tile_max, x);
+      for (int h = 0; h < 2; ++h) limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kBc / 16; ++n)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          float x = s_frag[n].x[e] * p.scale;
+          if (kMasked && n * 16 + map.col[e] >= limit[half_of(e)]) x = -INFINITY;
+          s_frag[n].x[e] = x;
+          tile_max[half_of(e)] = fmaxf(tile_max[half_of(e)], x);
+        }
+      float alpha[2], m_safe[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[h], quad_max(tile_max[h]));
+        m_safe[h] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[h] = fast_exp2(m[h] - m_safe[h]);
+        m[h] = m_new;
+        l[h] *= alpha[h];
       }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      const float m_new = fmaxf(m, tile_max);
-      const float m_safe = m_new == -INFINITY ? 0.0f : m_new;
-      const float alpha = exp2f(m - m_safe);
-      float tile_sum = 0.0f;
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        s_reg[c] = exp2f(s_reg[c] - m_safe);  // now P, in place
-        tile_sum += s_reg[c];
-      }
-      tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
-      __syncwarp();  // both threads of a row have read its S before P overwrites it
-      T* p_row = reinterpret_cast<T*>(&sm.s[0][0]) + my_row * kLdP;  // [Bc]: this row's P, over its S
+      for (int n = 0; n < kBc / 16; ++n)
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) p_row[my_half * kCols + c] = from_float<T>(s_reg[c]);
-      l = l * alpha + tile_sum;
-      m = m_new;
-      if (my_half == 0) sm.row_scale[my_row] = alpha;
-      __syncwarp();
+        for (int e = 0; e < 8; ++e) {
+          s_frag[n].x[e] = fast_exp2(s_frag[n].x[e] - m_safe[half_of(e)]);  // now P
+          l[half_of(e)] += s_frag[n].x[e];
+        }
 
-      // 6. Rescale O by each row's alpha, then O += P.V on tensor cores.
+      // 6. Rescale O by each row's alpha, then O += P.V on tensor cores. P's A fragments come
+      //    straight from the S accumulators, rounded to the input type (see FragMap).
 #pragma unroll
       for (int d = 0; d < D / 16; ++d)
 #pragma unroll
-        for (int e = 0; e < o_frag[d].num_elements; ++e) o_frag[d].x[e] *= sm.row_scale[warp * 16 + row_of[e]];
+        for (int e = 0; e < 8; ++e) o_frag[d].x[e] *= alpha[half_of(e)];
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) {
         FragA p_frag;
-        wmma::load_matrix_sync(p_frag, reinterpret_cast<const T*>(&sm.s[0][0]) + (warp * 16) * kLdP + kk * 16, kLdP);
+#pragma unroll
+        for (int e = 0; e < p_frag.num_elements; ++e) p_frag.x[e] = from_float<T>(s_frag[kk].x[e % 8]);
 #pragma unroll
         for (int d = 0; d < D / 16; ++d) {
           FragV v_frag;
-          wmma::load_matrix_sync(v_frag, &sm.kv.v[stage][kk * 16][d * 16], D + kPad);
+          load_fragment(v_frag, &sm.kv.v[stage][kk * 16][d * 16], D + kPad);
           wmma::mma_sync(o_frag[d], p_frag, v_frag, o_frag[d]);
         }
       }
     }
-    __syncthreads();  // the next iteration's prefetch overwrites this stage (and S, P are rewritten)
-  }
+    __syncthreads();  // the next iteration's prefetch overwrites this stage
+  };
+  int64_t kv_tile = kv_begin;
+  int stage = 0;
+  for (; kv_tile < unmasked_end; kv_tile += kBc, stage ^= 1) attend_tile(kv_tile, stage, std::false_type{});
+  for (; kv_tile < block_end; kv_tile += kBc, stage ^= 1) attend_tile(kv_tile, stage, std::true_type{});
   __pipeline_wait_prior(0);  // no copy may still be landing when shared memory is reused
   __syncthreads();
 
-  // 7. Normalise: O /= l; LSE = m + log l. An empty row has l = 0: O = 0, LSE = -inf. Stage
-  //    the block in shared memory (over the K/V tiles, which the barrier above freed).
-  if (my_half == 0) {
-    sm.row_scale[my_row] = l > 0.0f ? 1.0f / l : 0.0f;
-    sm.row_lse[my_row] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+  // 7. Normalise: l is the quad's sum; O /= l; LSE = m + log l. An empty row has l = 0: O = 0,
+  //    LSE = -inf. Stage the block in shared memory (over the K/V tiles, which the barrier
+  //    above freed); the lane holding column 0 of its rows writes their LSE.
+  float inv_l[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] = quad_sum(l[h]);
+    inv_l[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+    if (map.col[0] == 0) sm.row_lse[warp * 16 + map.row[h]] = l[h] > 0.0f ? (m[h] + log2f(l[h])) * kLn2 : -INFINITY;
   }
-  __syncwarp();
 #pragma unroll
   for (int d = 0; d < D / 16; ++d) {
 #pragma unroll
-    for (int e = 0; e < o_frag[d].num_elements; ++e) o_frag[d].x[e] *= sm.row_scale[warp * 16 + row_of[e]];
+    for (int e = 0; e < 8; ++e) o_frag[d].x[e] *= inv_l[half_of(e)];
     wmma::store_matrix_sync(&sm.o[warp * 16][d * 16], o_frag[d], D + kPadF, wmma::mem_row_major);
   }
   __syncwarp();
@@ -347,18 +471,8 @@ __global__ void __launch_bounds__(kThreads) cp_async_kernel(const AttnParams p, 
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarp), 0);
   const int lane = threadIdx.x % kWarp;
 
-  // 0. Which row of a 16x16 accumulator fragment each of this thread's elements holds. The
-  //    layout is not specified, so ask the API: load a matrix whose entries are their row index.
-  for (int c = threadIdx.x; c < 16 * 16; c += kThreads) sm.s[c / 16][c % 16] = static_cast<float>(c / 16);
-  __syncthreads();
-  int row_of[8];
-  {
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> rows_frag;
-    wmma::load_matrix_sync(rows_frag, &sm.s[0][0], kLdS, wmma::mem_row_major);
-    static_assert(decltype(rows_frag)::num_elements == 8, "an fp32 16x16 accumulator holds 8 elements per thread");
-#pragma unroll
-    for (int e = 0; e < 8; ++e) row_of[e] = static_cast<int>(rows_frag.x[e]);
-  }
+  // 0. Where this thread's fragment elements sit (see FragMap), learnt in the K/V tile space.
+  const FragMap map = learn_fragment_map<T>(reinterpret_cast<float*>(&sm.kv), &sm.q[0][0]);
 
   const unsigned long long n_items =
       static_cast<unsigned long long>(split.q_blocks * p.hkv * p.b) * static_cast<unsigned long long>(split.num_splits);
@@ -382,7 +496,7 @@ __global__ void __launch_bounds__(kThreads) cp_async_kernel(const AttnParams p, 
     const int64_t b = static_cast<int64_t>(rest % p.b);
     const int64_t q_rank = static_cast<int64_t>(rest / p.b);
     const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
-    attend_block<T, D>(p, split, b, h_kv, q_block, split_idx, warp, lane, row_of, sm);
+    attend_block<T, D>(p, split, b, h_kv, q_block, split_idx, warp, lane, map, sm);
     if (split.num_splits == 1) continue;
 
     // 3. Fused merge. Every thread makes its partials visible device-wide, then thread 0 counts
