@@ -134,7 +134,7 @@ TEST_CASE("split-KV edge cases: many splits, splits past the keys, fully masked 
           }
 }
 
-TEST_CASE("padded strides, a custom scale and a missing LSE output") {
+TEST_CASE("padded strides, custom scales (one negative) and a missing LSE output") {
   for (const StageInfo& stage : registered_stages()) {
     ProblemShape s;
     s.b = 2, s.hq = 4, s.hkv = 2, s.sq = 77, s.sk = 130, s.d = 128, s.dtype = DType::bf16, s.causal = true;
@@ -146,6 +146,9 @@ TEST_CASE("padded strides, a custom scale and a missing LSE output") {
     ProblemShape scaled;
     scaled.b = 1, scaled.hq = 2, scaled.hkv = 1, scaled.sq = 50, scaled.sk = 300, scaled.scale = 0.3f;
     check_stage_on(stage, scaled, 9);
+    ProblemShape negative = scaled;  // a negative scale turns the softmax around: min scores win
+    negative.scale = -0.2f, negative.causal = true;
+    check_stage_on(stage, negative, 11);
 
     // LSE is optional: null means not written, and O is unchanged by its absence.
     Problem with, without;

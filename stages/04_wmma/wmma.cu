@@ -5,10 +5,10 @@
 // Stages 01-03 compute every score and every P.V term with fp32 FMAs on the CUDA cores, each
 // warp reading K and V for itself. This stage adds one idea: S = Q.K^T and O += P.V run on
 // tensor cores through nvcuda::wmma (16x16x16 fragments, fp16/bf16 in, fp32 accumulate). A CTA
-// of 4 warps takes 64 query rows (16 per warp); Q, K and V tiles are staged in shared memory,
-// where all 4 warps share them; the online softmax works on the fp32 score tile in shared
-// memory and writes P back in the input type for the second product. O stays in accumulator
-// fragments for the whole row block. Scheduling (persistent CTAs, split-KV, fused merge) is 03's.
+// of 8 warps takes 128 query rows (16 per warp); Q, K and V tiles are staged in shared memory,
+// where all 8 warps share them. Scores, the online softmax, P and O stay in each warp's
+// registers (accumulator fragments), whose layout the kernel learns and checks on entry.
+// Scheduling (persistent CTAs, split-KV, fused merge) is 03's.
 //
 // Figures (H200, results/h200/, commit 476320b): prefill_d128_s4096 28.5 TFLOP/s (4.9x over 03),
 // causal 30.8; seed 23.2 us; decode_b1_sk131072 1106 GB/s. Why: notebooks_md/04_wmma.md.
@@ -34,7 +34,7 @@ constexpr int kMinSm = 80;
 constexpr int kWarp = 32;
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
 constexpr float kLn2 = 0.6931471805599453f;     // ln(2): LSE back to natural log
-constexpr int kBr = 64;          // packed query rows per CTA
+constexpr int kBr = 128;         // packed query rows per CTA (64 ran prefill 12% slower: notebook 05)
 constexpr int kBc = 64;          // keys per K/V tile (per step of the online softmax)
 constexpr int kWarps = kBr / 16; // each warp owns one 16-row WMMA row block
 constexpr int kThreads = kWarps * kWarp;
@@ -93,9 +93,9 @@ struct Smem {
   float row_lse[kBr];       // per row: the LSE, for the store
 };
 // The budget the occupancy calculator and the device limit are checked against (D = 128 is the
-// largest): 16 (Q) + 32 (K, V; later O) KB + 256 B = 48.25 KB, four CTAs on a 228 KB Hopper SM.
-// Scores and probabilities never touch shared memory: they stay in accumulator fragments.
-static_assert(sizeof(Smem<__nv_bfloat16, 128>) == 49408, "shared-memory budget of stage 04 (D=128)");
+// largest): 32 (Q) + 64 (K, V; later the fp32 O block) KB + 512 B = 96.5 KB. Scores and
+// probabilities never touch shared memory: they stay in accumulator fragments.
+static_assert(sizeof(Smem<__nv_bfloat16, 128>) == 98816, "shared-memory budget of stage 04 (D=128)");
 static_assert(sizeof(Smem<__nv_bfloat16, 128>) <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
 
 // A 16x16 fragment of a shared-memory tile (ldm elements between rows). For fp16, nvcc turns
@@ -214,22 +214,29 @@ __device__ __forceinline__ void load_tile(T (&tile)[Rows][D], RowFn src_row) {
 }
 
 // Copy rows [0, valid) of a K or V tile from src + r * stride into a shared-memory tile and
-// zero the rest, with load_tile's thread-to-piece map and one pointer step per row.
+// zero the rest, with load_tile's thread-to-piece map and one pointer step per row. Every tile
+// but a block's last is whole, and takes the branch without a test per row.
 template <typename T, int D, int Rows>
 __device__ __forceinline__ void load_rows(T (&tile)[Rows][D], const T* src, int64_t stride, int64_t valid) {
   constexpr int kChunks = D / 8;
   constexpr int kRowStep = kThreads / kChunks;
-  const int piece = threadIdx.x % kChunks;
-  const T* row = src + (threadIdx.x / kChunks) * stride + piece * 8;
+  const int piece = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
+  const T* row = src + r0 * stride + piece * 8;
+  if (valid >= Rows) {
 #pragma unroll
-  for (int r = threadIdx.x / kChunks; r < Rows; r += kRowStep, row += kRowStep * stride) {
-    Pack<8> value{};
-    if (r < valid) value = load_pack<8>(row);
-    *reinterpret_cast<Pack<8>*>(&tile[r][piece * 8]) = value;
+    for (int j = 0; j < Rows / kRowStep; ++j, row += kRowStep * stride)
+      *reinterpret_cast<Pack<8>*>(&tile[r0 + j * kRowStep][piece * 8]) = load_pack<8>(row);
+  } else {
+#pragma unroll
+    for (int j = 0; j < Rows / kRowStep; ++j, row += kRowStep * stride) {
+      Pack<8> value{};
+      if (r0 + j * kRowStep < valid) value = load_pack<8>(row);
+      *reinterpret_cast<Pack<8>*>(&tile[r0 + j * kRowStep][piece * 8]) = value;
+    }
   }
 }
 
-// One work item: the CTA's 64 packed rows of kv head h_kv (row r = query position r / group of
+// One work item: the CTA's Br packed rows of kv head h_kv (row r = query position r / group of
 // query head h_kv * group + r % group, so a GQA group shares every K and V tile), over the keys
 // of split split_idx. Warp w computes rows [16w, 16w + 16); map says where this thread's
 // fragment elements sit.
@@ -260,8 +267,10 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   // Tiles that end by the first row's last key need no mask (with the bottom-right causal mask
   // the first row sees the fewest keys); only the tiles after them test each score.
   const int64_t unmasked_end = kv_begin + max(int64_t{0}, row_end(row0) - kv_begin) / kBc * kBc;
-  // Each thread keeps the running max m of its two rows (the same in the 4 lanes of a quad) and
-  // its own part of their sums l (summed over the quad at the end). Padding rows past the last
+  // Each thread keeps the running max m of its two rows' raw scores Q.K^T (the same in the 4
+  // lanes of a quad) and its own part of their sums l (summed over the quad at the end). A
+  // negative scale is moved onto Q (flipping a sign bit is exact), so that max(scale * s) =
+  // scale * max(s) and each probability is one FFMA and one EX2: exp2(s * scale - m * scale). Padding rows past the last
   // take every key of the block: their zeros stay finite and are never stored.
   int64_t end[2];
   float m[2], l[2];
@@ -286,13 +295,17 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   for (int d = 0; d < D / 16; ++d) {
     load_fragment(q_frag[d], &sm.q[warp * 16][d * 16], D);
     wmma::fill_fragment(o_frag[d], 0.0f);
+    if (p.scale < 0.0f)
+#pragma unroll
+      for (int e = 0; e < q_frag[d].num_elements; ++e) q_frag[d].x[e] = from_bits<T>(to_bits(q_frag[d].x[e]) ^ 0x8000u);
   }
+  const float scale = fabsf(p.scale);  // log2 units (the launch folded in log2(e))
 
   // One step of the online softmax over keys [kv_tile, kv_tile + Bc); Masked says whether the
   // tile reaches past some row's last key.
   auto attend_tile = [&](int64_t kv_tile, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
-    // 3. K and V tiles, shared by the 4 warps (zeros past block_end).
+    // 3. K and V tiles, shared by the CTA's warps (zeros past block_end).
     load_rows<T, D, kBc>(sm.kv.k, k + kv_tile * p.k_seq_stride, p.k_seq_stride, block_end - kv_tile);
     load_rows<T, D, kBc>(sm.kv.v, v + kv_tile * p.v_seq_stride, p.v_seq_stride, block_end - kv_tile);
     __syncthreads();
@@ -322,17 +335,16 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
       for (int n = 0; n < kBc / 16; ++n)
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          float x = s_frag[n].x[e] * p.scale;
-          if (kMasked && n * 16 + map.col[e] >= limit[half_of(e)]) x = -INFINITY;
-          s_frag[n].x[e] = x;
-          tile_max[half_of(e)] = fmaxf(tile_max[half_of(e)], x);
+          if (kMasked && n * 16 + map.col[e] >= limit[half_of(e)]) s_frag[n].x[e] = -INFINITY;
+          tile_max[half_of(e)] = fmaxf(tile_max[half_of(e)], s_frag[n].x[e]);
         }
-      float alpha[2], m_safe[2];
+      float alpha[2], neg_m_scaled[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(m[h], quad_max(tile_max[h]));
-        m_safe[h] = m_new == -INFINITY ? 0.0f : m_new;
-        alpha[h] = fast_exp2(m[h] - m_safe[h]);
+        const float m_safe = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[h] = fast_exp2((m[h] - m_safe) * scale);
+        neg_m_scaled[h] = -m_safe * scale;
         m[h] = m_new;
         l[h] *= alpha[h];
       }
@@ -340,16 +352,19 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
       for (int n = 0; n < kBc / 16; ++n)
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          s_frag[n].x[e] = fast_exp2(s_frag[n].x[e] - m_safe[half_of(e)]);  // now P
+          s_frag[n].x[e] = fast_exp2(fmaf(s_frag[n].x[e], scale, neg_m_scaled[half_of(e)]));  // now P
           l[half_of(e)] += s_frag[n].x[e];
         }
 
-      // 6. Rescale O by each row's alpha, then O += P.V on tensor cores. P's A fragments come
-      //    straight from the S accumulators, rounded to the input type (see FragMap).
+      // 6. Rescale O by each row's alpha (not needed when no row of the warp found a larger max:
+      //    alpha = 1, as in most tiles once a row has seen many keys), then O += P.V on tensor
+      //    cores. P's A fragments come straight from the S accumulators, rounded to the input type
+      //    (see FragMap).
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
 #pragma unroll
-      for (int d = 0; d < D / 16; ++d)
+        for (int d = 0; d < D / 16; ++d)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) o_frag[d].x[e] *= alpha[half_of(e)];
+          for (int e = 0; e < 8; ++e) o_frag[d].x[e] *= alpha[half_of(e)];
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) {
         FragA p_frag;
@@ -377,7 +392,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   for (int h = 0; h < 2; ++h) {
     l[h] = quad_sum(l[h]);
     inv_l[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-    if (map.col[0] == 0) sm.row_lse[warp * 16 + map.row[h]] = l[h] > 0.0f ? (m[h] + log2f(l[h])) * kLn2 : -INFINITY;
+    if (map.col[0] == 0) sm.row_lse[warp * 16 + map.row[h]] = l[h] > 0.0f ? (m[h] * scale + log2f(l[h])) * kLn2 : -INFINITY;
   }
 #pragma unroll
   for (int d = 0; d < D / 16; ++d) {
@@ -443,7 +458,7 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& 
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
-// grid = min(work items, resident CTAs), block 4 warps. Each CTA loops over work items.
+// grid = min(work items, resident CTAs), block kWarps warps. Each CTA loops over work items.
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) wmma_kernel(const AttnParams p, const SplitArgs split) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
