@@ -10,8 +10,8 @@
 // CTAs the grid has without splitting. The rows of a CTA are (query position, head) pairs of one
 // kv head, so in decode the query heads of a GQA group share every K and V row they read.
 //
-// Figures (H200, results/h200/, commit 476320b): seed 7.59 us (1.36x over 01); decode_b1_sk131072
-// 1928 GB/s, decode_b8_sk32768 2782 GB/s (47% and 65% of cuDNN). Why: notebooks_md/02_kv_split.md.
+// Figures (H200, results/h200/, commit 8de3d6e): seed 7.64 us (1.35x over 01); decode_b1_sk131072
+// 1930 GB/s, decode_b8_sk32768 2785 GB/s (47% and 65% of cuDNN). Why: notebooks_md/02_kv_split.md.
 #include <algorithm>
 #include <cmath>
 #include <map>

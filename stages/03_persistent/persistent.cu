@@ -10,8 +10,8 @@
 // the last split of a query block (a per-block arrival counter) merges its partials, so one
 // launch does everything.
 //
-// Figures (H200, results/h200/, commit 476320b): seed 10.3 us; decode_b1_sk131072 1241 GB/s;
-// prefill_d128_s4096_causal 5.91 TFLOP/s (0.96x of 02). Why: notebooks_md/03_persistent.md.
+// Figures (H200, results/h200/, commit 8de3d6e): seed 10.2 us; decode_b1_sk131072 1241 GB/s;
+// prefill_d128_s4096_causal 5.92 TFLOP/s (0.96x of 02). Why: notebooks_md/03_persistent.md.
 #include <algorithm>
 #include <cmath>
 #include <map>
