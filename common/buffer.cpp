@@ -30,6 +30,13 @@ Status DeviceBuffer::allocate(size_t bytes) {
     return Status::Error("cudaMalloc(" + std::to_string(bytes) + " bytes): " + cudaGetErrorString(err));
   }
   bytes_ = bytes;
+  // Zero-filled once, here: stages 03-05 keep their work-queue counters in the workspace and
+  // leave them zero at the end of every launch, so no launch needs a memset of its own.
+  if (cudaMemset(ptr_, 0, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    reset();
+    return Status::Error("cudaMemset(" + std::to_string(bytes) + " bytes) failed");
+  }
   return Status::Ok();
 }
 

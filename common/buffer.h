@@ -21,7 +21,7 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
-  /// Free any previous allocation and allocate @p bytes (nothing for 0).
+  /// Free any previous allocation and allocate @p bytes (nothing for 0), zero-filled.
   Status allocate(size_t bytes);
   /// Free the allocation now.
   void reset();

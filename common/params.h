@@ -66,6 +66,9 @@ struct AttnParams {
 float effective_scale(const AttnParams& p);
 
 /// Scratch memory the harness allocates once for a stage (no cudaMalloc inside a timed launch).
+/// It must be zero-filled before its first launch (DeviceBuffer::allocate does this): stages that
+/// keep counters in it (03 onwards) need them zero at the start of a launch and leave them zero
+/// at its end, so one workspace serves any number of launches, of any shape, with no memset.
 struct Workspace {
   void* ptr = nullptr;  ///< device memory, 256-byte aligned, or null when bytes == 0
   size_t bytes = 0;     ///< size of the allocation

@@ -5,6 +5,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,13 +48,15 @@ std::vector<Sizes> matrix_sizes() {
 
 std::string name_of(const StageInfo& stage, const ProblemShape& s) { return std::string(stage.name) + " " + describe(s); }
 
-// Run a stage once over poisoned outputs and bring the outputs back.
-Status run_stage(const StageInfo& stage, Problem& problem, HostOutput* out) {
+// Run a stage once over poisoned outputs and bring the outputs back. The workspace is a fresh
+// one, or @p shared (already used by earlier launches) when given.
+Status run_stage(const StageInfo& stage, Problem& problem, HostOutput* out, const DeviceBuffer* shared = nullptr) {
   DeviceBuffer ws;
   const size_t bytes = workspace_bytes(stage, problem.params());
-  ATTN_TRY(ws.allocate(bytes));
+  if (shared == nullptr) ATTN_TRY(ws.allocate(bytes));
+  const Workspace workspace = shared != nullptr ? Workspace{shared->get(), shared->bytes()} : Workspace{ws.get(), bytes};
   ATTN_TRY(problem.poison_outputs());
-  ATTN_TRY(stage.launch(problem.params(), Workspace{ws.get(), bytes}, nullptr));
+  ATTN_TRY(stage.launch(problem.params(), workspace, nullptr));
   if (cudaDeviceSynchronize() != cudaSuccess) return Status::Error(cudaGetErrorString(cudaGetLastError()));
   return problem.download_output(out);
 }
@@ -61,8 +64,10 @@ Status run_stage(const StageInfo& stage, Problem& problem, HostOutput* out) {
 // Whether a shape is checked against stage 01 instead of the full fp64 reference.
 bool large(const ProblemShape& s) { return rows_to_check(s).size() != static_cast<size_t>(s.b * s.hq * s.sq); }
 
-// Check one stage on one shape against SPEC.md's accuracy contract.
-void check_stage_on(const StageInfo& stage, const ProblemShape& shape, uint64_t seed) {
+// Check one stage on one shape against SPEC.md's accuracy contract (on a shared workspace when
+// @p shared_ws is given).
+void check_stage_on(const StageInfo& stage, const ProblemShape& shape, uint64_t seed,
+                    const DeviceBuffer* shared_ws = nullptr) {
   const std::string name = name_of(stage, shape);
   CAPTURE(name);
   Problem problem;
@@ -74,12 +79,12 @@ void check_stage_on(const StageInfo& stage, const ProblemShape& shape, uint64_t 
     HostOutput base, got;
     const Status st = run_stage(baseline, problem, &base);
     REQUIRE_MESSAGE(st.ok(), st.message());
-    const Status st2 = run_stage(stage, problem, &got);
+    const Status st2 = run_stage(stage, problem, &got, shared_ws);
     REQUIRE_MESSAGE(st2.ok(), st2.message());
     e = compare_outputs(got, base, shape);
   } else {
     HostOutput got;
-    const Status st = run_stage(stage, problem, &got);
+    const Status st = run_stage(stage, problem, &got, shared_ws);
     REQUIRE_MESSAGE(st.ok(), st.message());
     HostInputs inputs;
     REQUIRE(problem.download_inputs(&inputs).ok());
@@ -161,6 +166,33 @@ TEST_CASE("padded strides, custom scales (one negative) and a missing LSE output
     REQUIRE(run_stage(stage, without, &b).ok());
     CHECK(b.lse.empty());
     CHECK(a.o == b.o);
+  }
+}
+
+TEST_CASE("one workspace serves launch after launch, of any shape, with no memset between them") {
+  // Stages 03+ keep a work queue and per-block arrival counters in the workspace and must leave
+  // them at zero; a counter left over would skip work items or merge too early. Decode (many
+  // splits: arrival counters) and a grid larger than one wave (the queue) alternate.
+  ProblemShape split_heavy, queued;
+  split_heavy.b = 2, split_heavy.hq = 32, split_heavy.hkv = 8, split_heavy.sq = 1, split_heavy.sk = reduced() ? 5000 : 20000;
+  split_heavy.d = 128, split_heavy.dtype = DType::bf16;
+  queued.b = 4, queued.hq = 16, queued.hkv = 16, queued.sq = 700, queued.sk = 300, queued.causal = true;
+  for (const StageInfo& stage : registered_stages()) {
+    CAPTURE(stage.name);
+    size_t bytes = 0;
+    for (const ProblemShape& shape : {split_heavy, queued}) {
+      Problem sizing;
+      REQUIRE(Problem::create(shape, 1, true, &sizing).ok());
+      bytes = std::max(bytes, workspace_bytes(stage, sizing.params()));
+    }
+    DeviceBuffer ws;
+    REQUIRE(ws.allocate(bytes).ok());
+    uint64_t seed = 500;
+    for (int round = 0; round < 2; ++round) {
+      check_stage_on(stage, split_heavy, ++seed, &ws);
+      check_stage_on(stage, queued, ++seed, &ws);
+      check_stage_on(stage, split_heavy, ++seed, &ws);
+    }
   }
 }
 

@@ -74,28 +74,36 @@ __device__ __forceinline__ void load_floats(const float* src, float (&dst)[E]) {
   }
 }
 
-// grid (q_blocks * num_splits, Hkv, B), block Br warps. GQA packing: a warp handles one query
-// position i for HPW consecutive query heads of kv head h_kv (HPW divides the group size
-// Hq/Hkv), so each K and V row it loads serves all HPW heads. A CTA holds Br such warp rows.
+// grid (q_blocks * num_splits, Hkv, B), block Br * KW warps. GQA packing: a warp handles one
+// query position i for HPW consecutive query heads of kv head h_kv (HPW divides the group size
+// Hq/Hkv), so each K and V row it loads serves all HPW heads. A CTA holds Br such warp rows, and
+// KW warps per row split the CTA's keys once more, tile by tile (KW > 1 only with Br = 1: in
+// decode a kv head has a single warp row, and KW warps keep more of K and V in flight than one);
+// they merge their results in shared memory by the same LSE rule as the merge kernel below.
 // For the scores, lane l takes key kv_tile + l of the tile and computes its whole dot product
 // with each head's q (read from shared memory, where every lane sees all of it). For P.V, lane l
 // owns elements [l*E, l*E + E) of the head dimension, E = D/32, so a warp reads each V row as
 // one coalesced 128- or 256-byte access.
-template <typename T, int D, int Br, int HPW>
-__global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p, const SplitArgs split) {
+template <typename T, int D, int Br, int HPW, int KW>
+__global__ void __launch_bounds__(Br * KW * kWarp) kv_split_kernel(const AttnParams p, const SplitArgs split) {
+  static_assert(KW == 1 || Br == 1, "key warps split a single warp row");
   constexpr int E = D / kWarp;
-  __shared__ __align__(16) float smem_q[Br][HPW][D];  // [Br][HPW][D]: each warp's query rows, fp32
+  // [Br * KW][HPW][D]: each warp's query rows, fp32; after its keys, its unnormalised output.
+  __shared__ __align__(16) float smem_q[Br * KW][HPW][D];
+  __shared__ float smem_ml[KW > 1 ? KW : 1][HPW][2];  // each key warp's m and l, for their merge
   // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane:
   // then the row, its key range and the early return below are warp-uniform, and the shuffles
   // compile to plain SHFL instead of a WARPSYNC.COLLECTIVE emulation for divergent warps.
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarp), 0);
   const int lane = threadIdx.x % kWarp;
+  const int kw = warp % KW;                   // this warp's share of the keys
   const int64_t chunks = p.hq / p.hkv / HPW;  // warp rows per query position
   const int64_t q_block = blockIdx.x / split.num_splits;
   const int split_idx = static_cast<int>(blockIdx.x % split.num_splits);
-  const int64_t r = q_block * Br + warp;  // this warp's row: (query position, chunk of heads)
+  const int64_t r = q_block * Br + warp / KW;  // this warp's row: (query position, chunk of heads)
   const int64_t h_kv = blockIdx.y, b = blockIdx.z;
-  if (r >= p.sq * chunks) return;  // the last query block may be partial; only __syncwarp() follows
+  // The last query block may be partial (only with KW = 1, Br > 1); only __syncwarp() follows.
+  if (KW == 1 && r >= p.sq * chunks) return;
   const int64_t i = r / chunks, h0 = (h_kv * chunks + r % chunks) * HPW;  // query position, first head
 
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;  // [Sk][D], row stride k_seq_stride
@@ -114,7 +122,8 @@ __global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p
 
   // 2. Keys this row may see: all of them, or with the bottom-right causal mask the first
   //    i + (Sk - Sq) + 1 (none when that is <= 0: the row is empty). This CTA takes the part of
-  //    them inside its split [kv_begin, kv_end), which may be empty.
+  //    them inside its split [kv_begin, kv_end), which may be empty; its key warp kw takes the
+  //    tiles kw, kw + KW, ... of that part.
   const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
   const int64_t kv_begin = split_idx * split.keys_per_split;
   const int64_t kv_end = min(n_keys, kv_begin + split.keys_per_split);
@@ -123,7 +132,7 @@ __global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p
   float m[HPW], l_lane[HPW], o_acc[HPW][E] = {};
 #pragma unroll
   for (int hh = 0; hh < HPW; ++hh) m[hh] = -INFINITY, l_lane[hh] = 0.0f;
-  for (int64_t kv_tile = kv_begin; kv_tile < kv_end; kv_tile += kBc) {
+  for (int64_t kv_tile = kv_begin + kw * kBc; kv_tile < kv_end; kv_tile += KW * kBc) {
     // 3a. Lane l scores key j = kv_tile + l against every head: its K row is loaded once, in
     //     16-byte pieces. A lane past kv_end reads the last visible key and is masked to -inf.
     const int64_t j = kv_tile + lane;
@@ -167,16 +176,52 @@ __global__ void __launch_bounds__(Br * kWarp) kv_split_kernel(const AttnParams p
       }
     }
   }
+  float l[HPW];
+#pragma unroll
+  for (int hh = 0; hh < HPW; ++hh) l[hh] = warp_sum(l_lane[hh]);
+
+  // 3d. With key warps: each publishes m, l and its unnormalised O (over its own q, which it no
+  //     longer reads); warp kw then merges head hh for hh % KW == kw: with M = max_w m_w and
+  //     c_w = 2^(m_w - M) (0 for a warp that saw no key), l = sum_w c_w l_w, O = sum_w c_w O_w.
+  if constexpr (KW > 1) {
+    __syncwarp();  // every lane of the warp has read its q for the last time
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) smem_q[warp][hh][lane * E + e] = o_acc[hh][e];
+      if (lane == 0) smem_ml[kw][hh][0] = m[hh], smem_ml[kw][hh][1] = l[hh];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh) {
+      if (hh % KW != kw) continue;
+      float m_all = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < KW; ++w) m_all = fmaxf(m_all, smem_ml[w][hh][0]);
+      const float m_safe = m_all == -INFINITY ? 0.0f : m_all;
+      float l_all = 0.0f, o_all[E] = {};
+#pragma unroll
+      for (int w = 0; w < KW; ++w) {
+        const float c = exp2f(smem_ml[w][hh][0] - m_safe);
+        l_all += c * smem_ml[w][hh][1];
+#pragma unroll
+        for (int e = 0; e < E; ++e) o_all[e] += c * smem_q[w][hh][lane * E + e];
+      }
+      m[hh] = m_all, l[hh] = l_all;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_acc[hh][e] = o_all[e];
+    }
+  }
 
   // 4. Normalise. An empty row or split has l = 0: O = 0 and LSE = -inf.
   const int64_t n_rows = p.b * p.hq * p.sq;
 #pragma unroll
   for (int hh = 0; hh < HPW; ++hh) {
-    const float l = warp_sum(l_lane[hh]);
-    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+    if (hh % KW != kw) continue;  // another key warp holds this head's merged result
+    const float inv_l = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) o_acc[hh][e] *= inv_l;
-    const float lse = l > 0.0f ? (m[hh] + log2f(l)) * kLn2 : -INFINITY;
+    const float lse = l[hh] > 0.0f ? (m[hh] + log2f(l[hh])) * kLn2 : -INFINITY;
     const int64_t h = h0 + hh;
     const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
 
@@ -232,25 +277,27 @@ __global__ void __launch_bounds__(kCombineRows * kWarp) combine_kernel(const Att
 
 using Kernel = void (*)(AttnParams, SplitArgs);
 
-template <int Br, int HPW>
+template <int Br, int HPW, int KW>
 Kernel select_kernel(const AttnParams& p) {
   if (p.dtype == DType::f16)
-    return p.d == 64 ? kv_split_kernel<__half, 64, Br, HPW> : kv_split_kernel<__half, 128, Br, HPW>;
-  return p.d == 64 ? kv_split_kernel<__nv_bfloat16, 64, Br, HPW> : kv_split_kernel<__nv_bfloat16, 128, Br, HPW>;
+    return p.d == 64 ? kv_split_kernel<__half, 64, Br, HPW, KW> : kv_split_kernel<__half, 128, Br, HPW, KW>;
+  return p.d == 64 ? kv_split_kernel<__nv_bfloat16, 64, Br, HPW, KW> : kv_split_kernel<__nv_bfloat16, 128, Br, HPW, KW>;
 }
 
 // Heads per warp: the largest of 8, 4, 2, 1 that divides the GQA group. Without grouping (HPW = 1)
-// a CTA holds 8 rows as in stage 01; with it, one warp per CTA, so that decode's few warp rows
-// still spread over many CTAs.
-Kernel select_kernel(const AttnParams& p, int* br, int* hpw) {
+// a CTA holds 8 rows as in stage 01; with it, one warp row per CTA and kKeyWarps warps on its
+// keys, so that decode's few warp rows still spread over many CTAs and many warps.
+constexpr int kKeyWarps = 4;
+Kernel select_kernel(const AttnParams& p, int* br, int* hpw, int* kw) {
   const int64_t group = p.hq / p.hkv;
   *hpw = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
   *br = *hpw == 1 ? 8 : 1;
+  *kw = *hpw == 1 ? 1 : kKeyWarps;
   switch (*hpw) {
-    case 8: return select_kernel<1, 8>(p);
-    case 4: return select_kernel<1, 4>(p);
-    case 2: return select_kernel<1, 2>(p);
-    default: return select_kernel<8, 1>(p);
+    case 8: return select_kernel<1, 8, kKeyWarps>(p);
+    case 4: return select_kernel<1, 4, kKeyWarps>(p);
+    case 2: return select_kernel<1, 2, kKeyWarps>(p);
+    default: return select_kernel<8, 1, 1>(p);
   }
 }
 
@@ -299,6 +346,7 @@ int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t kv_tile
 struct Launch {
   int br = 8;              // warp rows per CTA
   int hpw = 1;             // query heads per warp (GQA packing)
+  int kw = 1;              // warps per warp row, each on a share of the keys
   int64_t q_blocks = 0;    // ceil(Sq * group / HPW / Br)
   int ctas_per_sm = 0;     // resident CTAs per SM of the main kernel
   int64_t slots = 0;       // ctas_per_sm * SMs
@@ -310,13 +358,13 @@ Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
   Launch l;
-  l.kernel = select_kernel(p, &l.br, &l.hpw);
+  l.kernel = select_kernel(p, &l.br, &l.hpw, &l.kw);
   const int64_t packed_rows = p.sq * (p.hq / p.hkv / l.hpw);  // warp rows per (batch, kv head)
   l.q_blocks = (packed_rows + l.br - 1) / l.br;
-  ATTN_TRY(resident_ctas_per_sm(l.kernel, l.br * kWarp, &l.ctas_per_sm));
+  ATTN_TRY(resident_ctas_per_sm(l.kernel, l.br * l.kw * kWarp, &l.ctas_per_sm));
   l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
-  const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, kv_tiles);
+  const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, std::max<int64_t>(1, kv_tiles / l.kw));
   // Whole tiles per split; recount so that no split is empty by construction.
   l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
   l.split.num_splits = static_cast<int>((p.sk + l.split.keys_per_split - 1) / l.split.keys_per_split);
@@ -346,14 +394,14 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
   ATTN_TRY(make_launch(p, &l));
   out->grid = dim3(static_cast<unsigned>(l.q_blocks * l.split.num_splits), static_cast<unsigned>(p.hkv),
                    static_cast<unsigned>(p.b));
-  out->block = dim3(l.br * kWarp);
+  out->block = dim3(l.br * l.kw * kWarp);
   out->dynamic_smem_bytes = 0;
   out->kernel = reinterpret_cast<const void*>(l.kernel);
   out->notes = "num_splits=" + std::to_string(l.split.num_splits) + " (" + std::to_string(l.q_blocks * p.hkv * p.b) +
                " CTAs unsplit, " + std::to_string(l.slots) + " resident slots = " + std::to_string(l.ctas_per_sm) +
                "/SM), " + std::to_string(l.split.keys_per_split) + " keys per split, Br=" + std::to_string(l.br) +
                " warp rows of " + std::to_string(l.hpw) + " heads (GQA group " + std::to_string(p.hq / p.hkv) +
-               "), Bc=" + std::to_string(kBc) +
+               ") x " + std::to_string(l.kw) + " key warps, Bc=" + std::to_string(kBc) +
                (l.split.num_splits > 1 ? ", + merge kernel" : "");
   return Status::Ok();
 }
@@ -374,7 +422,7 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>(l.q_blocks * split.num_splits), static_cast<unsigned>(p.hkv),
                   static_cast<unsigned>(p.b));
-  l.kernel<<<grid, l.br * kWarp, 0, stream>>>(kp, split);
+  l.kernel<<<grid, l.br * l.kw * kWarp, 0, stream>>>(kp, split);
   if (split.num_splits > 1) {
     const int64_t rows = p.b * p.hq * p.sq;
     select_combine(p)<<<static_cast<unsigned>((rows + kCombineRows - 1) / kCombineRows), kCombineRows * kWarp, 0,

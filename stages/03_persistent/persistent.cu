@@ -4,11 +4,12 @@
 // Stage 03 (this file): one wave of CTAs that pull work.
 // Stage 02 launches one CTA per work item (batch, kv head, query block, split) and a second
 // kernel for the merge. This stage adds one idea: launch only as many CTAs as fit on the GPU at
-// once (SMs x resident CTAs per SM, from the occupancy calculator); each loops, taking the next
-// item from a queue (an atomic counter zeroed before each launch), causal query blocks longest
-// first so the short ones fill the gaps at the end. The merge is fused: the CTA that finishes
-// the last split of a query block (a per-block arrival counter) merges its partials, so one
-// launch does everything.
+// once (SMs x resident CTAs per SM, from the occupancy calculator); CTA c starts on item c, then
+// takes the next item from a queue (an atomic counter), causal query blocks longest first so the
+// short ones fill the gaps at the end. The merge is fused: the CTA that finishes the last split
+// of a query block (a per-block arrival counter) merges its partials, so one launch does
+// everything. The counters live in the workspace and every launch leaves them zero, so a launch
+// (or a CUDA graph node) needs no memset before it.
 //
 // Figures (H200, results/h200/, commit 8de3d6e): seed 10.2 us; decode_b1_sk131072 1241 GB/s;
 // prefill_d128_s4096_causal 5.92 TFLOP/s (0.96x of 02). Why: notebooks_md/03_persistent.md.
@@ -33,6 +34,7 @@ constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
 constexpr float kLn2 = 0.6931471805599453f;     // ln(2): LSE back to natural log
 constexpr int kBc = kWarp;       // keys per step of the online softmax: one per lane
 constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
+constexpr int kMaxCtasPerSm = 32;  // the hardware's limit of resident CTAs per SM (sm_80, sm_90)
 
 // Where the CTAs of one (batch, kv head, query block) put their partial results.
 struct SplitArgs {
@@ -41,8 +43,9 @@ struct SplitArgs {
   float* o_partial = nullptr;  // [num_splits][B*Hq*Sq][D] fp32, normalised within the split
   float* lse_partial = nullptr;  // [num_splits][B*Hq*Sq], -inf where the split saw no key
   int64_t q_blocks = 0;        // query blocks per (batch, kv head)
-  unsigned long long* next_item = nullptr;  // the work queue's head, zeroed before each launch
-  int* arrivals = nullptr;     // [B][Hkv][q_blocks] splits finished, zeroed before each launch
+  unsigned long long* next_item = nullptr;  // items taken from the queue (zero between launches)
+  unsigned* exited = nullptr;  // CTAs that found the queue empty (zero between launches)
+  int* arrivals = nullptr;     // [B][Hkv][q_blocks] splits finished (zero between launches)
 };
 
 // Sum over the 32 lanes; every lane receives the total (butterfly exchange).
@@ -78,21 +81,27 @@ __device__ __forceinline__ void load_floats_cg(const float* src, float (&dst)[E]
   }
 }
 
-// One work item's rows for one warp (called by every warp of the CTA). GQA packing: a warp handles one query
-// position i for HPW consecutive query heads of kv head h_kv (HPW divides the group size
-// Hq/Hkv), so each K and V row it loads serves all HPW heads. A CTA holds Br such warp rows.
+// One work item's rows (called by every warp of the CTA). GQA packing: a warp handles one
+// query position i for HPW consecutive query heads of kv head h_kv (HPW divides the group size
+// Hq/Hkv), so each K and V row it loads serves all HPW heads. A CTA holds Br such warp rows, and
+// KW warps per row split the CTA's keys once more, tile by tile (KW > 1 only with Br = 1: in
+// decode a kv head has a single warp row, and KW warps keep more of K and V in flight than one);
+// they merge their results in shared memory by the same LSE rule as the merge kernel below.
 // For the scores, lane l takes key kv_tile + l of the tile and computes its whole dot product
 // with each head's q (read from shared memory, where every lane sees all of it). For P.V, lane l
 // owns elements [l*E, l*E + E) of the head dimension, E = D/32, so a warp reads each V row as
 // one coalesced 128- or 256-byte access.
-template <typename T, int D, int Br, int HPW>
+template <typename T, int D, int Br, int HPW, int KW>
 __device__ __forceinline__ void attend_rows(const AttnParams& p, const SplitArgs& split, int64_t b, int64_t h_kv,
                                             int64_t q_block, int split_idx, int warp, int lane,
-                                            float (&smem_q)[HPW][D]) {  // [HPW][D]: this warp's query rows
+                                            float (&smem_q)[Br * KW][HPW][D], float (&smem_ml)[KW > 1 ? KW : 1][HPW][2]) {
+  static_assert(KW == 1 || Br == 1, "key warps split a single warp row");
   constexpr int E = D / kWarp;
+  const int kw = warp % KW;                   // this warp's share of the keys
   const int64_t chunks = p.hq / p.hkv / HPW;  // warp rows per query position
-  const int64_t r = q_block * Br + warp;  // this warp's row: (query position, chunk of heads)
-  if (r >= p.sq * chunks) return;  // the last query block may be partial; only __syncwarp() follows
+  const int64_t r = q_block * Br + warp / KW;  // this warp's row: (query position, chunk of heads)
+  // The last query block may be partial (only with KW = 1, Br > 1); only __syncwarp() follows.
+  if (KW == 1 && r >= p.sq * chunks) return;
   const int64_t i = r / chunks, h0 = (h_kv * chunks + r % chunks) * HPW;  // query position, first head
 
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;  // [Sk][D], row stride k_seq_stride
@@ -105,13 +114,14 @@ __device__ __forceinline__ void attend_rows(const AttnParams& p, const SplitArgs
     float q_frag[E];
     load_as_float<E>(q + lane * E, q_frag);
 #pragma unroll
-    for (int e = 0; e < E; ++e) smem_q[hh][lane * E + e] = q_frag[e];
+    for (int e = 0; e < E; ++e) smem_q[warp][hh][lane * E + e] = q_frag[e];
   }
   __syncwarp();
 
   // 2. Keys this row may see: all of them, or with the bottom-right causal mask the first
   //    i + (Sk - Sq) + 1 (none when that is <= 0: the row is empty). This CTA takes the part of
-  //    them inside its split [kv_begin, kv_end), which may be empty.
+  //    them inside its split [kv_begin, kv_end), which may be empty; its key warp kw takes the
+  //    tiles kw, kw + KW, ... of that part.
   const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
   const int64_t kv_begin = split_idx * split.keys_per_split;
   const int64_t kv_end = min(n_keys, kv_begin + split.keys_per_split);
@@ -120,7 +130,7 @@ __device__ __forceinline__ void attend_rows(const AttnParams& p, const SplitArgs
   float m[HPW], l_lane[HPW], o_acc[HPW][E] = {};
 #pragma unroll
   for (int hh = 0; hh < HPW; ++hh) m[hh] = -INFINITY, l_lane[hh] = 0.0f;
-  for (int64_t kv_tile = kv_begin; kv_tile < kv_end; kv_tile += kBc) {
+  for (int64_t kv_tile = kv_begin + kw * kBc; kv_tile < kv_end; kv_tile += KW * kBc) {
     // 3a. Lane l scores key j = kv_tile + l against every head: its K row is loaded once, in
     //     16-byte pieces. A lane past kv_end reads the last visible key and is masked to -inf.
     const int64_t j = kv_tile + lane;
@@ -133,7 +143,7 @@ __device__ __forceinline__ void attend_rows(const AttnParams& p, const SplitArgs
 #pragma unroll
       for (int hh = 0; hh < HPW; ++hh)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) partial[hh][e % 2] += smem_q[hh][d0 + e] * k8[e];
+        for (int e = 0; e < 8; ++e) partial[hh][e % 2] += smem_q[warp][hh][d0 + e] * k8[e];
     }
 
     // 3b. New running maximum per head; P for this lane's key.
@@ -164,16 +174,52 @@ __device__ __forceinline__ void attend_rows(const AttnParams& p, const SplitArgs
       }
     }
   }
+  float l[HPW];
+#pragma unroll
+  for (int hh = 0; hh < HPW; ++hh) l[hh] = warp_sum(l_lane[hh]);
+
+  // 3d. With key warps: each publishes m, l and its unnormalised O (over its own q, which it no
+  //     longer reads); warp kw then merges head hh for hh % KW == kw: with M = max_w m_w and
+  //     c_w = 2^(m_w - M) (0 for a warp that saw no key), l = sum_w c_w l_w, O = sum_w c_w O_w.
+  if constexpr (KW > 1) {
+    __syncwarp();  // every lane of the warp has read its q for the last time
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) smem_q[warp][hh][lane * E + e] = o_acc[hh][e];
+      if (lane == 0) smem_ml[kw][hh][0] = m[hh], smem_ml[kw][hh][1] = l[hh];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh) {
+      if (hh % KW != kw) continue;
+      float m_all = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < KW; ++w) m_all = fmaxf(m_all, smem_ml[w][hh][0]);
+      const float m_safe = m_all == -INFINITY ? 0.0f : m_all;
+      float l_all = 0.0f, o_all[E] = {};
+#pragma unroll
+      for (int w = 0; w < KW; ++w) {
+        const float c = exp2f(smem_ml[w][hh][0] - m_safe);
+        l_all += c * smem_ml[w][hh][1];
+#pragma unroll
+        for (int e = 0; e < E; ++e) o_all[e] += c * smem_q[w][hh][lane * E + e];
+      }
+      m[hh] = m_all, l[hh] = l_all;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_acc[hh][e] = o_all[e];
+    }
+  }
 
   // 4. Normalise. An empty row or split has l = 0: O = 0 and LSE = -inf.
   const int64_t n_rows = p.b * p.hq * p.sq;
 #pragma unroll
   for (int hh = 0; hh < HPW; ++hh) {
-    const float l = warp_sum(l_lane[hh]);
-    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+    if (hh % KW != kw) continue;  // another key warp holds this head's merged result
+    const float inv_l = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) o_acc[hh][e] *= inv_l;
-    const float lse = l > 0.0f ? (m[hh] + log2f(l)) * kLn2 : -INFINITY;
+    const float lse = l[hh] > 0.0f ? (m[hh] + log2f(l[hh])) * kLn2 : -INFINITY;
     const int64_t h = h0 + hh;
     const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
 
@@ -223,10 +269,20 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& 
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
+// Resident CTAs per SM for the 4-warp CTAs of GQA packing: what stage 02's kernel reaches with the
+// same tiles, from its registers (50-56 with 2 heads per warp: 9 CTAs; 72-78 with 4: 6; 142-146
+// with 8: 3). The persistent loop keeps more values live, and without this bound the compiler
+// spends them (96 registers with 4 heads: 5 CTAs). For Br = 8 warps the bound is 3 CTAs (up to
+// 80 registers), not 02's 5: capping 03 at 02's 48 registers ran prefill_d128_s4096 14% slower
+// (5.0 against 5.8 TFLOP/s, development run), and with no bound at all it takes 122-162.
+constexpr int min_ctas_per_sm(int br, int hpw) { return br > 1 ? 3 : hpw == 8 ? 3 : hpw == 4 ? 6 : 9; }
+
 // grid = min(work items, resident CTAs), block Br warps. Each CTA loops over work items.
-template <typename T, int D, int Br, int HPW>
-__global__ void __launch_bounds__(Br * kWarp) persistent_kernel(const AttnParams p, const SplitArgs split) {
-  __shared__ __align__(16) float smem_q[Br][HPW][D];  // [Br][HPW][D]: each warp's query rows, fp32
+template <typename T, int D, int Br, int HPW, int KW>
+__global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(Br, HPW)) persistent_kernel(const AttnParams p, const SplitArgs split) {
+  // [Br * KW][HPW][D]: each warp's query rows, fp32; after its keys, its unnormalised output.
+  __shared__ __align__(16) float smem_q[Br * KW][HPW][D];
+  __shared__ float smem_ml[KW > 1 ? KW : 1][HPW][2];  // each key warp's m and l, for their merge
   __shared__ unsigned long long s_item;
   __shared__ bool s_last;
   // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane:
@@ -236,19 +292,12 @@ __global__ void __launch_bounds__(Br * kWarp) persistent_kernel(const AttnParams
   const int lane = threadIdx.x % kWarp;
   const unsigned long long n_items =
       static_cast<unsigned long long>(split.q_blocks * p.hkv * p.b) * static_cast<unsigned long long>(split.num_splits);
-  for (;;) {
-    // 1. The next work item. The first barrier publishes thread 0's fetch; the second keeps it
-    //    from fetching again (overwriting s_item) before every warp has read it, and keeps any
-    //    warp from rewriting its smem_q before the whole CTA has finished the previous item.
-    if (threadIdx.x == 0) s_item = atomicAdd(split.next_item, 1ull);
-    __syncthreads();
-    const unsigned long long item = s_item;
-    __syncthreads();
-    if (item >= n_items) return;
-
-    // 2. Decode it: splits fastest (a query block's splits run close together, and its merge
-    //    soon after), then kv heads and batches; query blocks last, the longest first when causal
-    //    (with the bottom-right mask, later query blocks see more keys).
+  // With fewer items than resident CTAs the grid has one CTA per item and no queue is needed.
+  const bool queue = gridDim.x < n_items;
+  for (unsigned long long item = blockIdx.x; item < n_items;) {
+    // 1. Decode the item: splits fastest (a query block's splits run close together, and its
+    //    merge soon after), then kv heads and batches; query blocks last, the longest first when
+    //    causal (with the bottom-right mask, later query blocks see more keys).
     const int split_idx = static_cast<int>(item % split.num_splits);
     unsigned long long rest = item / split.num_splits;
     const int64_t h_kv = static_cast<int64_t>(rest % p.hkv);
@@ -256,50 +305,71 @@ __global__ void __launch_bounds__(Br * kWarp) persistent_kernel(const AttnParams
     const int64_t b = static_cast<int64_t>(rest % p.b);
     const int64_t q_rank = static_cast<int64_t>(rest / p.b);
     const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
-    attend_rows<T, D, Br, HPW>(p, split, b, h_kv, q_block, split_idx, warp, lane, smem_q[warp]);
-    if (split.num_splits == 1) continue;
+    attend_rows<T, D, Br, HPW, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, smem_q, smem_ml);
 
-    // 3. Fused merge. Every thread makes its partials visible device-wide, then thread 0 counts
-    //    this split in; the CTA that brings the count to num_splits merges the query block.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int64_t block_id = (b * p.hkv + h_kv) * split.q_blocks + q_block;
-      s_last = atomicAdd(split.arrivals + block_id, 1) == split.num_splits - 1;
-    }
-    __syncthreads();
-    if (!s_last) continue;
-    __threadfence();  // order the partial reads after the other CTAs' arrivals
-    const int64_t chunks = p.hq / p.hkv / HPW;
-    const int64_t r = q_block * Br + warp;
-    if (r >= p.sq * chunks) continue;
-    const int64_t i = r / chunks, h0 = (h_kv * chunks + r % chunks) * HPW;
+    // 2. Fused merge. Every thread makes its partials visible device-wide, then thread 0 counts
+    //    this split in; the CTA that brings the count to num_splits merges the query block and
+    //    sets the count back to zero for the next launch (no other CTA touches it in this one).
+    if (split.num_splits > 1) {
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        int* arrival = split.arrivals + (b * p.hkv + h_kv) * split.q_blocks + q_block;
+        s_last = atomicAdd(arrival, 1) == split.num_splits - 1;
+        if (s_last) *arrival = 0;
+      }
+      __syncthreads();
+      const int64_t chunks = p.hq / p.hkv / HPW;
+      const int64_t r = q_block * Br + warp / KW;
+      if (s_last && r < p.sq * chunks) {
+        __threadfence();  // order the partial reads after the other CTAs' arrivals
+        const int64_t i = r / chunks, h0 = (h_kv * chunks + r % chunks) * HPW;
 #pragma unroll
-    for (int hh = 0; hh < HPW; ++hh) merge_row<T, D>(p, split, (b * p.hq + h0 + hh) * p.sq + i, lane);
+        for (int hh = 0; hh < HPW; ++hh)  // the key warps of a row share out its heads
+          if (hh % KW == warp % KW) merge_row<T, D>(p, split, (b * p.hq + h0 + hh) * p.sq + i, lane);
+      }
+    }
+    if (!queue) break;
+
+    // 3. The next item: the first gridDim.x were handed out by blockIdx. The first barrier
+    //    publishes thread 0's fetch; the second keeps it from fetching again (overwriting
+    //    s_item) before every warp has read it, and keeps any warp from rewriting its smem_q
+    //    before the whole CTA has finished the previous item.
+    if (threadIdx.x == 0) s_item = gridDim.x + atomicAdd(split.next_item, 1ull);
+    __syncthreads();
+    item = s_item;
+    __syncthreads();
+  }
+  // 4. The last CTA to find the queue empty resets it: every other CTA has made its last fetch.
+  if (queue && threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(split.exited, 1u) == gridDim.x - 1) *split.next_item = 0, *split.exited = 0;
   }
 }
 
 using Kernel = void (*)(AttnParams, SplitArgs);
 
-template <int Br, int HPW>
+template <int Br, int HPW, int KW>
 Kernel select_kernel(const AttnParams& p) {
   if (p.dtype == DType::f16)
-    return p.d == 64 ? persistent_kernel<__half, 64, Br, HPW> : persistent_kernel<__half, 128, Br, HPW>;
-  return p.d == 64 ? persistent_kernel<__nv_bfloat16, 64, Br, HPW> : persistent_kernel<__nv_bfloat16, 128, Br, HPW>;
+    return p.d == 64 ? persistent_kernel<__half, 64, Br, HPW, KW> : persistent_kernel<__half, 128, Br, HPW, KW>;
+  return p.d == 64 ? persistent_kernel<__nv_bfloat16, 64, Br, HPW, KW> : persistent_kernel<__nv_bfloat16, 128, Br, HPW, KW>;
 }
 
 // Heads per warp: the largest of 8, 4, 2, 1 that divides the GQA group. Without grouping (HPW = 1)
-// a CTA holds 8 rows as in stage 01; with it, one warp per CTA, so that decode's few warp rows
-// still spread over many CTAs.
-Kernel select_kernel(const AttnParams& p, int* br, int* hpw) {
+// a CTA holds 8 rows as in stage 01; with it, one warp row per CTA and kKeyWarps warps on its
+// keys, so that decode's few warp rows still spread over many CTAs and many warps.
+constexpr int kKeyWarps = 4;
+Kernel select_kernel(const AttnParams& p, int* br, int* hpw, int* kw) {
   const int64_t group = p.hq / p.hkv;
   *hpw = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
   *br = *hpw == 1 ? 8 : 1;
+  *kw = *hpw == 1 ? 1 : kKeyWarps;
   switch (*hpw) {
-    case 8: return select_kernel<1, 8>(p);
-    case 4: return select_kernel<1, 4>(p);
-    case 2: return select_kernel<1, 2>(p);
-    default: return select_kernel<8, 1>(p);
+    case 8: return select_kernel<1, 8, kKeyWarps>(p);
+    case 4: return select_kernel<1, 4, kKeyWarps>(p);
+    case 2: return select_kernel<1, 2, kKeyWarps>(p);
+    default: return select_kernel<8, 1, 1>(p);
   }
 }
 
@@ -343,12 +413,14 @@ int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t kv_tile
 struct Launch {
   int br = 8;              // warp rows per CTA
   int hpw = 1;             // query heads per warp (GQA packing)
+  int kw = 1;              // warps per warp row, each on a share of the keys
   int64_t q_blocks = 0;    // ceil(Sq * group / HPW / Br)
   int ctas_per_sm = 0;     // resident CTAs per SM of the main kernel
   int64_t slots = 0;       // ctas_per_sm * SMs
   SplitArgs split;         // num_splits, keys_per_split, q_blocks (pointers filled at launch)
   int64_t items = 0;       // work items: q_blocks * Hkv * B * num_splits
   int64_t ctas = 0;        // persistent CTAs: min(items, slots)
+  int sm_count = 0;        // SMs of the device (sizes the counters in the workspace)
   Kernel kernel = nullptr;
 };
 
@@ -356,26 +428,32 @@ Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
   Launch l;
-  l.kernel = select_kernel(p, &l.br, &l.hpw);
+  l.kernel = select_kernel(p, &l.br, &l.hpw, &l.kw);
   const int64_t packed_rows = p.sq * (p.hq / p.hkv / l.hpw);  // warp rows per (batch, kv head)
   l.q_blocks = (packed_rows + l.br - 1) / l.br;
-  ATTN_TRY(resident_ctas_per_sm(l.kernel, l.br * kWarp, &l.ctas_per_sm));
+  ATTN_TRY(resident_ctas_per_sm(l.kernel, l.br * l.kw * kWarp, &l.ctas_per_sm));
+  l.ctas_per_sm = std::min(l.ctas_per_sm, kMaxCtasPerSm);  // the workspace's arrival counters assume it
   l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
-  const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, kv_tiles);
+  const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, std::max<int64_t>(1, kv_tiles / l.kw));
   // Whole tiles per split; recount so that no split is empty by construction.
   l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
   l.split.num_splits = static_cast<int>((p.sk + l.split.keys_per_split - 1) / l.split.keys_per_split);
   l.split.q_blocks = l.q_blocks;
   l.items = l.q_blocks * p.hkv * p.b * l.split.num_splits;
   l.ctas = std::min(l.items, l.slots);
+  l.sm_count = device->sm_count;
   *out = l;
   return Status::Ok();
 }
 
-// Workspace: [o_partial][lse_partial][next_item][arrivals], each part 256-byte aligned.
+// Workspace: [counters][o_partial][lse_partial], each part 256-byte aligned. The counters come
+// first and take the same bytes for every problem on a device, so the zeros one launch leaves
+// are where the next launch, of any shape, reads its counters: next_item, exited, then one
+// arrival count per query block. Only a grid under one wave is split (choose_num_splits), so a
+// split launch has fewer query blocks than resident slots: at most kMaxCtasPerSm per SM.
 struct WorkspaceLayout {
-  size_t o_partial = 0, lse_partial = 0, counters = 0, counter_bytes = 0, total = 0;  // byte offsets and sizes
+  size_t o_partial = 0, lse_partial = 0, total = 0;  // byte offsets; the counters are at 0
 };
 
 WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
@@ -383,11 +461,10 @@ WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
   const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
   const size_t splits = l.split.num_splits > 1 ? static_cast<size_t>(l.split.num_splits) : 0;
   WorkspaceLayout w;
-  w.lse_partial = align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
-  w.counters = w.lse_partial + align(splits * rows * sizeof(float));
-  const size_t blocks = splits > 0 ? static_cast<size_t>(l.q_blocks * p.hkv * p.b) : 0;
-  w.counter_bytes = sizeof(unsigned long long) + blocks * sizeof(int);
-  w.total = w.counters + align(w.counter_bytes);
+  w.o_partial = align(sizeof(unsigned long long) + sizeof(unsigned) +
+                      static_cast<size_t>(kMaxCtasPerSm) * static_cast<size_t>(l.sm_count) * sizeof(int));
+  w.lse_partial = w.o_partial + align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
+  w.total = w.lse_partial + align(splits * rows * sizeof(float));
   return w;
 }
 
@@ -401,7 +478,7 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
   Launch l;
   ATTN_TRY(make_launch(p, &l));
   out->grid = dim3(static_cast<unsigned>(l.ctas));
-  out->block = dim3(l.br * kWarp);
+  out->block = dim3(l.br * l.kw * kWarp);
   out->dynamic_smem_bytes = 0;
   out->kernel = reinterpret_cast<const void*>(l.kernel);
   out->notes = "persistent: " + std::to_string(l.ctas) + " CTAs over " + std::to_string(l.items) + " work items" +
@@ -409,7 +486,7 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
                " CTAs unsplit, " + std::to_string(l.slots) + " resident slots = " + std::to_string(l.ctas_per_sm) +
                "/SM), " + std::to_string(l.split.keys_per_split) + " keys per split, Br=" + std::to_string(l.br) +
                " warp rows of " + std::to_string(l.hpw) + " heads (GQA group " + std::to_string(p.hq / p.hkv) +
-               "), Bc=" + std::to_string(kBc) +
+               ") x " + std::to_string(l.kw) + " key warps, Bc=" + std::to_string(kBc) +
                (l.split.num_splits > 1 ? ", merge fused" : "");
   return Status::Ok();
 }
@@ -427,11 +504,10 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   SplitArgs split = l.split;
   split.o_partial = reinterpret_cast<float*>(base + w.o_partial);
   split.lse_partial = reinterpret_cast<float*>(base + w.lse_partial);
-  split.next_item = reinterpret_cast<unsigned long long*>(base + w.counters);
-  split.arrivals = reinterpret_cast<int*>(base + w.counters + sizeof(unsigned long long));
-  // The queue and the arrival counters start at zero in every launch (a memset node in a graph).
-  if (cudaMemsetAsync(base + w.counters, 0, w.counter_bytes, stream) != cudaSuccess) return check_launch(kStageName);
-  l.kernel<<<static_cast<unsigned>(l.ctas), l.br * kWarp, 0, stream>>>(kp, split);
+  split.next_item = reinterpret_cast<unsigned long long*>(base);
+  split.exited = reinterpret_cast<unsigned*>(base + sizeof(unsigned long long));
+  split.arrivals = reinterpret_cast<int*>(base + sizeof(unsigned long long) + sizeof(unsigned));
+  l.kernel<<<static_cast<unsigned>(l.ctas), l.br * l.kw * kWarp, 0, stream>>>(kp, split);
   return check_launch(kStageName);
 }
 

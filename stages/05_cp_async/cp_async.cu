@@ -35,15 +35,17 @@ constexpr int kMinSm = 80;
 constexpr int kWarp = 32;
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
 constexpr float kLn2 = 0.6931471805599453f;     // ln(2): LSE back to natural log
-constexpr int kBr = 128;         // packed query rows per CTA (64 ran prefill 12% slower: notebook 05)
 constexpr int kBc = 64;          // keys per K/V tile (per step of the online softmax)
-constexpr int kWarps = kBr / 16; // each warp owns one 16-row WMMA row block
-constexpr int kThreads = kWarps * kWarp;
+// Packed query rows per CTA: Br = 16 * Warps, each warp owning one 16-row WMMA row block. The
+// launch takes Warps = 8 (Br = 128) when that grid fills the GPU, else 4 (Br = 64): small
+// problems and decode (Sq * group rows per kv head) then get twice the CTAs, each SM more of them.
+constexpr int kWarpsLarge = 8, kWarpsSmall = 4;
 constexpr int kStages = 2;       // K/V tiles in flight: the one computed and the next
 constexpr int kPad = 8;          // elements of padding per 16-bit row: 16 bytes, so row r+1 starts 4 banks after row r
 constexpr int kPadF = 4;         // the same 16 bytes for fp32 rows
 namespace wmma = nvcuda::wmma;
 constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
+constexpr int kMaxCtasPerSm = 32;  // the hardware's limit of resident CTAs per SM (sm_80, sm_90)
 constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q block load and its share of the merge
 
 // Where the CTAs of one (batch, kv head, query block) put their partial results.
@@ -53,8 +55,9 @@ struct SplitArgs {
   float* o_partial = nullptr;  // [num_splits][B*Hq*Sq][D] fp32, normalised within the split
   float* lse_partial = nullptr;  // [num_splits][B*Hq*Sq], -inf where the split saw no key
   int64_t q_blocks = 0;        // query blocks per (batch, kv head)
-  unsigned long long* next_item = nullptr;  // the work queue's head, zeroed before each launch
-  int* arrivals = nullptr;     // [B][Hkv][q_blocks] splits finished, zeroed before each launch
+  unsigned long long* next_item = nullptr;  // items taken from the queue (zero between launches)
+  unsigned* exited = nullptr;  // CTAs that found the queue empty (zero between launches)
+  int* arrivals = nullptr;     // [B][Hkv][q_blocks] splits finished (zero between launches)
 };
 
 // Maximum over the 32 lanes; every lane receives it.
@@ -84,8 +87,9 @@ __device__ __forceinline__ void load_floats_cg(const float* src, float (&dst)[E]
 }
 
 // Shared memory of one CTA. Every row is padded by 16 bytes (kPad, kPadF).
-template <typename T, int D>
+template <typename T, int D, int Warps>
 struct Smem {
+  static constexpr int kBr = 16 * Warps;
   T q[kBr][D + kPad];                // [Br][D]: the CTA's packed query rows
   union {
     struct {
@@ -98,8 +102,8 @@ struct Smem {
 };
 // The budget the occupancy calculator and the device limit are checked against (D = 128 is the
 // largest): 34 (Q) + 68 (K/V ring; later the fp32 O block) KB + 512 B = 102.5 KB.
-static_assert(sizeof(Smem<__nv_bfloat16, 128>) == 104960, "shared-memory budget of stage 05 (D=128)");
-static_assert(sizeof(Smem<__nv_bfloat16, 128>) <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
+static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge>) == 104960, "shared-memory budget of stage 05 (D=128)");
+static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge>) <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
 
 // A 16x16 fragment of a shared-memory tile (ldm elements between rows). For fp16, nvcc turns
 // load_matrix_sync into ldmatrix (one instruction per fragment); for bf16 it emits generic 32-bit
@@ -148,7 +152,7 @@ __device__ __forceinline__ int half_of(int e) { return (e >> 1) & 1; }  // which
 // exact in fp32, fp16 and bf16; trap if a check fails. ids_f32 and ids_t: shared scratch.
 template <typename T>
 __device__ FragMap learn_fragment_map(float* ids_f32, T* ids_t) {
-  for (int c = threadIdx.x; c < 16 * 16; c += kThreads) ids_f32[c] = static_cast<float>(c), ids_t[c] = from_float<T>(static_cast<float>(c));
+  for (int c = threadIdx.x; c < 16 * 16; c += blockDim.x) ids_f32[c] = static_cast<float>(c), ids_t[c] = from_float<T>(static_cast<float>(c));
   __syncthreads();
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
   wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
@@ -202,11 +206,11 @@ __device__ __forceinline__ float quad_sum(float x) {
 // zeros keep P.V finite). Nothing waits here: the caller commits and later waits.
 // Thread t copies piece t % (D/8) of rows t / (D/8), + kRowStep, ...: the loop unrolls into a
 // few instructions per 16 bytes, with no division.
-template <typename T, int D, int Rows, int Ld, typename RowFn>
+template <int Threads, typename T, int D, int Rows, int Ld, typename RowFn>
 __device__ __forceinline__ void load_tile_async(T (&tile)[Rows][Ld], const T* any_valid, RowFn src_row) {
   constexpr int kChunks = D / 8;  // 16-byte pieces per row
-  constexpr int kRowStep = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0 && Rows % kRowStep == 0, "every thread copies the same pieces");
+  constexpr int kRowStep = Threads / kChunks;
+  static_assert(Threads % kChunks == 0 && Rows % kRowStep == 0, "every thread copies the same pieces");
   const int piece = threadIdx.x % kChunks;
 #pragma unroll
   for (int r = threadIdx.x / kChunks; r < Rows; r += kRowStep) {
@@ -220,11 +224,11 @@ __device__ __forceinline__ void load_tile_async(T (&tile)[Rows][Ld], const T* an
 // Start copying rows [0, valid) of a K or V tile from src + r * stride into a shared-memory tile
 // and zero-fill the rest, with load_tile_async's thread-to-piece map and one pointer step per row.
 // Every tile but a block's last is whole, and takes the branch without a test per row.
-template <typename T, int D, int Rows, int Ld>
+template <int Threads, typename T, int D, int Rows, int Ld>
 __device__ __forceinline__ void load_rows_async(T (&tile)[Rows][Ld], const T* any_valid, const T* src, int64_t stride,
                                                 int64_t valid) {
   constexpr int kChunks = D / 8;
-  constexpr int kRowStep = kThreads / kChunks;
+  constexpr int kRowStep = Threads / kChunks;
   const int piece = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
   const T* row = src + r0 * stride + piece * 8;
   if (valid >= Rows) {
@@ -244,10 +248,11 @@ __device__ __forceinline__ void load_rows_async(T (&tile)[Rows][Ld], const T* an
 // query head h_kv * group + r % group, so a GQA group shares every K and V tile), over the keys
 // of split split_idx. Warp w computes rows [16w, 16w + 16); map says where this thread's
 // fragment elements sit.
-template <typename T, int D>
+template <typename T, int D, int Warps>
 __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArgs& split, int64_t b, int64_t h_kv,
                                              int64_t q_block, int split_idx, int warp, int lane,
-                                             const FragMap& map, Smem<T, D>& sm) {
+                                             const FragMap& map, Smem<T, D, Warps>& sm) {
+  constexpr int kBr = 16 * Warps, kThreads = Warps * kWarp;
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
   using FragKt = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;  // K^T: K rows are its columns
   using FragV = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
@@ -288,15 +293,15 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   // 2. Start the Q block (zeros past the last row; cp.async group 0) and the first K/V tile
   //    (group 1) on their way. Tile t goes to ring stage t % 2 (zeros past block_end). Wait for
   //    Q alone, then load this warp's Q fragments while the tile is still landing.
-  load_tile_async<T, D, kBr>(sm.q, k, [&](int r) -> const T* {
+  load_tile_async<kThreads, T, D, kBr>(sm.q, k, [&](int r) -> const T* {
     if (row0 + r >= rows) return nullptr;
     const int64_t i = (row0 + r) / group, h = h_kv * group + (row0 + r) % group;
     return q_base + i * p.q_seq_stride + h * p.q_head_stride;
   });
   __pipeline_commit();
   auto issue_tile = [&](int64_t kv_tile, int stage) {
-    load_rows_async<T, D, kBc>(sm.kv.k[stage], k, k + kv_tile * p.k_seq_stride, p.k_seq_stride, block_end - kv_tile);
-    load_rows_async<T, D, kBc>(sm.kv.v[stage], k, v + kv_tile * p.v_seq_stride, p.v_seq_stride, block_end - kv_tile);
+    load_rows_async<kThreads, T, D, kBc>(sm.kv.k[stage], k, k + kv_tile * p.k_seq_stride, p.k_seq_stride, block_end - kv_tile);
+    load_rows_async<kThreads, T, D, kBc>(sm.kv.v[stage], k, v + kv_tile * p.v_seq_stride, p.v_seq_stride, block_end - kv_tile);
   };
   if (kv_begin < block_end) issue_tile(kv_begin, 0);
   __pipeline_commit();
@@ -478,11 +483,12 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& 
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
-// grid = min(work items, resident CTAs), block kWarps warps. Each CTA loops over work items.
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) cp_async_kernel(const AttnParams p, const SplitArgs split) {
+// grid = min(work items, resident CTAs), block Warps warps. Each CTA loops over work items.
+template <typename T, int D, int Warps>
+__global__ void __launch_bounds__(Warps * kWarp) cp_async_kernel(const AttnParams p, const SplitArgs split) {
+  constexpr int kBr = 16 * Warps;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem<T, D>& sm = *reinterpret_cast<Smem<T, D>*>(smem_raw);
+  Smem<T, D, Warps>& sm = *reinterpret_cast<Smem<T, D, Warps>*>(smem_raw);
   __shared__ unsigned long long s_item;
   __shared__ bool s_last;
   // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane.
@@ -494,19 +500,12 @@ __global__ void __launch_bounds__(kThreads) cp_async_kernel(const AttnParams p, 
 
   const unsigned long long n_items =
       static_cast<unsigned long long>(split.q_blocks * p.hkv * p.b) * static_cast<unsigned long long>(split.num_splits);
-  for (;;) {
-    // 1. The next work item. The first barrier publishes thread 0's fetch; the second keeps it
-    //    from fetching again (overwriting s_item) before every warp has read it, and keeps the
-    //    next item's tiles from overwriting shared memory the previous item still reads.
-    if (threadIdx.x == 0) s_item = atomicAdd(split.next_item, 1ull);
-    __syncthreads();
-    const unsigned long long item = s_item;
-    __syncthreads();
-    if (item >= n_items) return;
-
-    // 2. Decode it: splits fastest (a query block's splits run close together, and its merge
-    //    soon after), then kv heads and batches; query blocks last, the longest first when causal
-    //    (with the bottom-right mask, later query blocks see more keys).
+  // With fewer items than resident CTAs the grid has one CTA per item and no queue is needed.
+  const bool queue = gridDim.x < n_items;
+  for (unsigned long long item = blockIdx.x; item < n_items;) {
+    // 1. Decode the item: splits fastest (a query block's splits run close together, and its
+    //    merge soon after), then kv heads and batches; query blocks last, the longest first when
+    //    causal (with the bottom-right mask, later query blocks see more keys).
     const int split_idx = static_cast<int>(item % split.num_splits);
     unsigned long long rest = item / split.num_splits;
     const int64_t h_kv = static_cast<int64_t>(rest % p.hkv);
@@ -514,39 +513,62 @@ __global__ void __launch_bounds__(kThreads) cp_async_kernel(const AttnParams p, 
     const int64_t b = static_cast<int64_t>(rest % p.b);
     const int64_t q_rank = static_cast<int64_t>(rest / p.b);
     const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
-    attend_block<T, D>(p, split, b, h_kv, q_block, split_idx, warp, lane, map, sm);
-    if (split.num_splits == 1) continue;
+    attend_block<T, D, Warps>(p, split, b, h_kv, q_block, split_idx, warp, lane, map, sm);
 
-    // 3. Fused merge. Every thread makes its partials visible device-wide, then thread 0 counts
-    //    this split in; the CTA that brings the count to num_splits merges the query block.
+    // 2. Fused merge. Every thread makes its partials visible device-wide, then thread 0 counts
+    //    this split in; the CTA that brings the count to num_splits merges the query block and
+    //    sets the count back to zero for the next launch (no other CTA touches it in this one).
+    if (split.num_splits > 1) {
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        int* arrival = split.arrivals + (b * p.hkv + h_kv) * split.q_blocks + q_block;
+        s_last = atomicAdd(arrival, 1) == split.num_splits - 1;
+        if (s_last) *arrival = 0;
+      }
+      __syncthreads();
+      if (s_last) {
+        __threadfence();  // order the partial reads after the other CTAs' arrivals
+        const int64_t group = p.hq / p.hkv, rows = p.sq * group;
+        for (int rr = warp; rr < kBr && q_block * kBr + rr < rows; rr += Warps) {
+          const int64_t r = q_block * kBr + rr, i = r / group, h = h_kv * group + r % group;
+          merge_row<T, D>(p, split, (b * p.hq + h) * p.sq + i, lane);
+        }
+      }
+    }
+    if (!queue) break;
+
+    // 3. The next item: the first gridDim.x were handed out by blockIdx. The first barrier
+    //    publishes thread 0's fetch; the second keeps it from fetching again (overwriting s_item)
+    //    before every warp has read it, and keeps the next item's tiles from overwriting shared
+    //    memory the previous item still reads.
+    if (threadIdx.x == 0) s_item = gridDim.x + atomicAdd(split.next_item, 1ull);
+    __syncthreads();
+    item = s_item;
+    __syncthreads();
+  }
+  // 4. The last CTA to find the queue empty resets it: every other CTA has made its last fetch.
+  if (queue && threadIdx.x == 0) {
     __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int64_t block_id = (b * p.hkv + h_kv) * split.q_blocks + q_block;
-      s_last = atomicAdd(split.arrivals + block_id, 1) == split.num_splits - 1;
-    }
-    __syncthreads();
-    if (!s_last) continue;
-    __threadfence();  // order the partial reads after the other CTAs' arrivals
-    const int64_t group = p.hq / p.hkv, rows = p.sq * group;
-    for (int rr = warp; rr < kBr && q_block * kBr + rr < rows; rr += kWarps) {
-      const int64_t r = q_block * kBr + rr, i = r / group, h = h_kv * group + r % group;
-      merge_row<T, D>(p, split, (b * p.hq + h) * p.sq + i, lane);
-    }
+    if (atomicAdd(split.exited, 1u) == gridDim.x - 1) *split.next_item = 0, *split.exited = 0;
   }
 }
 
 using Kernel = void (*)(AttnParams, SplitArgs);
 
+template <int Warps>
 Kernel select_kernel(const AttnParams& p) {
-  if (p.dtype == DType::f16) return p.d == 64 ? cp_async_kernel<__half, 64> : cp_async_kernel<__half, 128>;
-  return p.d == 64 ? cp_async_kernel<__nv_bfloat16, 64> : cp_async_kernel<__nv_bfloat16, 128>;
+  if (p.dtype == DType::f16) return p.d == 64 ? cp_async_kernel<__half, 64, Warps> : cp_async_kernel<__half, 128, Warps>;
+  return p.d == 64 ? cp_async_kernel<__nv_bfloat16, 64, Warps> : cp_async_kernel<__nv_bfloat16, 128, Warps>;
+}
+Kernel select_kernel(const AttnParams& p, int warps) {
+  return warps == kWarpsLarge ? select_kernel<kWarpsLarge>(p) : select_kernel<kWarpsSmall>(p);
 }
 
-// Dynamic shared memory of the kernel for p.
-size_t smem_bytes(const AttnParams& p) {
-  if (p.dtype == DType::f16) return p.d == 64 ? sizeof(Smem<__half, 64>) : sizeof(Smem<__half, 128>);
-  return p.d == 64 ? sizeof(Smem<__nv_bfloat16, 64>) : sizeof(Smem<__nv_bfloat16, 128>);
+// Dynamic shared memory of the kernel for p (the element type does not change it).
+size_t smem_bytes(const AttnParams& p, int warps) {
+  if (warps == kWarpsLarge) return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsLarge>) : sizeof(Smem<__half, 128, kWarpsLarge>);
+  return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsSmall>) : sizeof(Smem<__half, 128, kWarpsSmall>);
 }
 
 // Resident CTAs per SM of a kernel, from the occupancy calculator, cached per (kernel, device).
@@ -589,6 +611,7 @@ int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_spl
 
 // Everything launch() decides for a problem.
 struct Launch {
+  int warps = kWarpsLarge;  // warps per CTA: Br = 16 * warps packed query rows
   size_t smem = 0;         // dynamic shared memory per CTA
   int64_t q_blocks = 0;    // ceil(Sq * group / Br)
   int ctas_per_sm = 0;     // resident CTAs per SM of the main kernel
@@ -596,23 +619,30 @@ struct Launch {
   SplitArgs split;         // num_splits, keys_per_split, q_blocks (pointers filled at launch)
   int64_t items = 0;       // work items: q_blocks * Hkv * B * num_splits
   int64_t ctas = 0;        // persistent CTAs: min(items, slots)
+  int sm_count = 0;        // SMs of the device (sizes the counters in the workspace)
   Kernel kernel = nullptr;
 };
 
 Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
-  Launch l;
-  l.kernel = select_kernel(p);
-  l.smem = smem_bytes(p);
-  if (l.smem > device->smem_per_block_optin) {
-    return Status::Error("stage 05_cp_async needs " + std::to_string(l.smem) + " bytes of shared memory per CTA, the device allows " +
-                         std::to_string(device->smem_per_block_optin));
-  }
   const int64_t packed_rows = p.sq * (p.hq / p.hkv);  // (query position, head) rows per (batch, kv head)
-  l.q_blocks = (packed_rows + kBr - 1) / kBr;
-  ATTN_TRY(resident_ctas_per_sm(l.kernel, kThreads, l.smem, &l.ctas_per_sm));
-  l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
+  // The large CTA when its grid fills every resident slot, else the small one.
+  Launch l;
+  for (int warps : {kWarpsLarge, kWarpsSmall}) {
+    l.warps = warps;
+    l.kernel = select_kernel(p, warps);
+    l.smem = smem_bytes(p, warps);
+    if (l.smem > device->smem_per_block_optin) {
+      return Status::Error("stage 05_cp_async needs " + std::to_string(l.smem) + " bytes of shared memory per CTA, the device allows " +
+                           std::to_string(device->smem_per_block_optin));
+    }
+    l.q_blocks = (packed_rows + 16 * warps - 1) / (16 * warps);
+    ATTN_TRY(resident_ctas_per_sm(l.kernel, warps * kWarp, l.smem, &l.ctas_per_sm));
+    l.ctas_per_sm = std::min(l.ctas_per_sm, kMaxCtasPerSm);  // the workspace's arrival counters assume it
+    l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
+    if (l.q_blocks * p.hkv * p.b >= l.slots) break;
+  }
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
   const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, std::max<int64_t>(1, kv_tiles / kMinTilesPerSplit));
   // Whole tiles per split; recount so that no split is empty by construction.
@@ -621,13 +651,18 @@ Status make_launch(const AttnParams& p, Launch* out) {
   l.split.q_blocks = l.q_blocks;
   l.items = l.q_blocks * p.hkv * p.b * l.split.num_splits;
   l.ctas = std::min(l.items, l.slots);
+  l.sm_count = device->sm_count;
   *out = l;
   return Status::Ok();
 }
 
-// Workspace: [o_partial][lse_partial][next_item][arrivals], each part 256-byte aligned.
+// Workspace: [counters][o_partial][lse_partial], each part 256-byte aligned. The counters come
+// first and take the same bytes for every problem on a device, so the zeros one launch leaves
+// are where the next launch, of any shape, reads its counters: next_item, exited, then one
+// arrival count per query block. Only a grid under one wave is split (choose_num_splits), so a
+// split launch has fewer query blocks than resident slots: at most kMaxCtasPerSm per SM.
 struct WorkspaceLayout {
-  size_t o_partial = 0, lse_partial = 0, counters = 0, counter_bytes = 0, total = 0;  // byte offsets and sizes
+  size_t o_partial = 0, lse_partial = 0, total = 0;  // byte offsets; the counters are at 0
 };
 
 WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
@@ -635,11 +670,10 @@ WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
   const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
   const size_t splits = l.split.num_splits > 1 ? static_cast<size_t>(l.split.num_splits) : 0;
   WorkspaceLayout w;
-  w.lse_partial = align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
-  w.counters = w.lse_partial + align(splits * rows * sizeof(float));
-  const size_t blocks = splits > 0 ? static_cast<size_t>(l.q_blocks * p.hkv * p.b) : 0;
-  w.counter_bytes = sizeof(unsigned long long) + blocks * sizeof(int);
-  w.total = w.counters + align(w.counter_bytes);
+  w.o_partial = align(sizeof(unsigned long long) + sizeof(unsigned) +
+                      static_cast<size_t>(kMaxCtasPerSm) * static_cast<size_t>(l.sm_count) * sizeof(int));
+  w.lse_partial = w.o_partial + align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
+  w.total = w.lse_partial + align(splits * rows * sizeof(float));
   return w;
 }
 
@@ -653,13 +687,13 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
   Launch l;
   ATTN_TRY(make_launch(p, &l));
   out->grid = dim3(static_cast<unsigned>(l.ctas));
-  out->block = dim3(kThreads);
+  out->block = dim3(l.warps * kWarp);
   out->dynamic_smem_bytes = l.smem;
   out->kernel = reinterpret_cast<const void*>(l.kernel);
   out->notes = "persistent: " + std::to_string(l.ctas) + " CTAs over " + std::to_string(l.items) + " work items" +
                (p.causal ? " (longest first)" : "") + ", num_splits=" + std::to_string(l.split.num_splits) + " (" + std::to_string(l.q_blocks * p.hkv * p.b) +
                " CTAs unsplit, " + std::to_string(l.slots) + " resident slots = " + std::to_string(l.ctas_per_sm) +
-               "/SM), " + std::to_string(l.split.keys_per_split) + " keys per split, Br=" + std::to_string(kBr) +
+               "/SM), " + std::to_string(l.split.keys_per_split) + " keys per split, Br=" + std::to_string(16 * l.warps) +
                " packed rows (GQA group " + std::to_string(p.hq / p.hkv) + "), Bc=" + std::to_string(kBc) +
                (l.split.num_splits > 1 ? ", merge fused" : "");
   return Status::Ok();
@@ -678,11 +712,10 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   SplitArgs split = l.split;
   split.o_partial = reinterpret_cast<float*>(base + w.o_partial);
   split.lse_partial = reinterpret_cast<float*>(base + w.lse_partial);
-  split.next_item = reinterpret_cast<unsigned long long*>(base + w.counters);
-  split.arrivals = reinterpret_cast<int*>(base + w.counters + sizeof(unsigned long long));
-  // The queue and the arrival counters start at zero in every launch (a memset node in a graph).
-  if (cudaMemsetAsync(base + w.counters, 0, w.counter_bytes, stream) != cudaSuccess) return check_launch(kStageName);
-  l.kernel<<<static_cast<unsigned>(l.ctas), kThreads, l.smem, stream>>>(kp, split);
+  split.next_item = reinterpret_cast<unsigned long long*>(base);
+  split.exited = reinterpret_cast<unsigned*>(base + sizeof(unsigned long long));
+  split.arrivals = reinterpret_cast<int*>(base + sizeof(unsigned long long) + sizeof(unsigned));
+  l.kernel<<<static_cast<unsigned>(l.ctas), l.warps * kWarp, l.smem, stream>>>(kp, split);
   return check_launch(kStageName);
 }
 
