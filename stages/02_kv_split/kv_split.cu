@@ -8,10 +8,11 @@
 // which writes an fp32 partial output and its LSE to the workspace; a second kernel merges the
 // partials with log-sum-exp weights. num_splits is chosen from the SM count, the occupancy and the
 // CTAs the grid has without splitting. The rows of a CTA are (query position, head) pairs of one
-// kv head, so in decode the query heads of a GQA group share every K and V row they read.
+// kv head, so in decode the query heads of a GQA group share every K and V row they read, and
+// four warps split that row's keys once more inside the CTA.
 //
-// Figures (H200, results/h200/, commit 8de3d6e): seed 7.64 us (1.35x over 01); decode_b1_sk131072
-// 1930 GB/s, decode_b8_sk32768 2785 GB/s (47% and 65% of cuDNN). Why: notebooks_md/02_kv_split.md.
+// Figures (H200, results/h200/, commit 66b84be): seed 7.59 us (1.36x over 01); decode_b1_sk131072
+// 2741 GB/s, decode_b8_sk32768 2736 GB/s (67% and 64% of cuDNN). Why: notebooks_md/02_kv_split.md.
 #include <algorithm>
 #include <cmath>
 #include <map>

@@ -11,8 +11,9 @@
 // everything. The counters live in the workspace and every launch leaves them zero, so a launch
 // (or a CUDA graph node) needs no memset before it.
 //
-// Figures (H200, results/h200/, commit 8de3d6e): seed 10.2 us; decode_b1_sk131072 1241 GB/s;
-// prefill_d128_s4096_causal 5.92 TFLOP/s (0.96x of 02). Why: notebooks_md/03_persistent.md.
+// Figures (H200, results/h200/, commit 66b84be): seed 7.52 us (FA2 5.24); decode_b1_sk131072
+// 2453 GB/s (0.89x of 02); prefill_d128_s4096_causal 5.9 TFLOP/s (0.95x of 02).
+// Why: notebooks_md/03_persistent.md.
 #include <algorithm>
 #include <cmath>
 #include <map>

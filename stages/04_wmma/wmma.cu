@@ -5,14 +5,14 @@
 // Stages 01-03 compute every score and every P.V term with fp32 FMAs on the CUDA cores, each
 // warp reading K and V for itself. This stage adds one idea: S = Q.K^T and O += P.V run on
 // tensor cores through nvcuda::wmma (16x16x16 fragments, fp16/bf16 in, fp32 accumulate). A CTA
-// of 8 warps takes 128 query rows (16 per warp); Q, K and V tiles are staged in shared memory,
-// where all 8 warps share them. Scores, the online softmax, P and O stay in each warp's
+// of 8 (or, for small grids, 4) warps takes 128 (64) query rows, 16 per warp; Q, K and V tiles
+// are staged in shared memory, where all its warps share them. Scores, the online softmax, P and O stay in each warp's
 // registers (accumulator fragments), whose layout the kernel learns and checks on entry.
 // Scheduling (persistent CTAs, split-KV, fused merge) is 03's.
 //
-// Figures (H200, results/h200/, commit 8de3d6e): prefill_d128_s4096 49.8 TFLOP/s (8.6x over 03;
-// its unpadded tiles make 86% of shared wavefronts bank conflicts), causal 49.3; seed 21.3 us;
-// decode_b1_sk131072 1058 GB/s. Why: notebooks_md/04_wmma.md.
+// Figures (H200, results/h200/, commit 66b84be): prefill_d128_s4096 49.8 TFLOP/s (8.6x over 03;
+// its unpadded tiles make 86% of shared wavefronts bank conflicts), causal 49.3; seed 13.5 us;
+// decode_b1_sk131072 1913 GB/s. Why: notebooks_md/04_wmma.md.
 #include <algorithm>
 #include <cmath>
 
