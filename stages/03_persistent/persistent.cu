@@ -82,135 +82,269 @@ __device__ __forceinline__ void load_floats_cg(const float* src, float (&dst)[E]
   }
 }
 
+// Sum of N values over the N lanes of a lane group (lanes that differ only in lane % N, N a power
+// of two), each value summed once: at every step a lane keeps half of its values, sends the other
+// half to the partner lane that keeps those, and adds what it receives. After log2(N) steps and
+// N - 1 shuffles (a butterfly per value would take N log2(N)), lane c of the group holds the
+// group's sum of value c. One step per instantiation (Half = N/2, N/4, ..., 1), so that every
+// loop has a constant trip count and v stays in registers.
+template <int Half, int N>
+__device__ __forceinline__ float transpose_sum(float (&v)[N], int lane) {
+  // upper ? v[x + Half] : v[x] as a bit blend: written with ?: the compiler selects between the
+  // two addresses and moves v to local memory.
+  const unsigned upper = (lane & Half) != 0 ? ~0u : 0u;
+#pragma unroll
+  for (int x = 0; x < Half; ++x) {
+    const unsigned lo = __float_as_uint(v[x]), hi = __float_as_uint(v[x + Half]);
+    const float keep = __uint_as_float((hi & upper) | (lo & ~upper));
+    const float send = __uint_as_float((lo & upper) | (hi & ~upper));
+    v[x] = keep + __shfl_xor_sync(0xffffffffu, send, Half);
+  }
+  if constexpr (Half > 1) return transpose_sum<Half / 2>(v, lane);
+  else return v[0];
+}
+
+// The keys of one GQA-packed warp row (HPW > 1 heads, decode), read by lane groups. Decode reads
+// every K and V byte once, so the loads must be coalesced: G = D/8 lanes read one row together,
+// 16 bytes each, and one load instruction moves KPI = 32/G whole rows. Lane c of a group keeps
+// q[h0 + hh][8c, 8c + 8) of each head in registers (pre-scaled) and forms its piece of every dot
+// product; R = G/HPW loads give R * HPW = G partial sums, and one transpose_sum finishes all of
+// them, leaving lane (g = lane / G, c) the score of tile key (ch*R + c/HPW)*KPI + g for head
+// c % HPW after chunk ch. A lane thus holds one head's scores: the softmax of head hh reduces over
+// the lanes with lane % HPW == hh, and P reaches the P.V loop (same lane groups over V) through
+// shared memory. The warp takes tiles kw, kw + KW, ... and leaves its unnormalised O, m and l in
+// its shared-memory slots for the merge of the key warps.
+template <typename T, int D, int HPW, int KW>
+__device__ __forceinline__ void attend_gqa_row(const AttnParams& p, const T* q, const T* k, const T* v,
+                                               int64_t kv_begin, int64_t kv_end, int kw, int lane,
+                                               float (&smem_o)[HPW][D], float (&smem_p)[kBc][HPW],
+                                               float (&smem_ml)[HPW][2]) {
+  constexpr int G = D / 8;        // lanes per K or V row
+  constexpr int KPI = kWarp / G;  // rows per load instruction: 2 (D = 128) or 4 (D = 64)
+  constexpr int R = G / HPW;      // loads per chunk of G partial sums
+  static_assert(R >= 1 && R * HPW == G, "HPW divides D/8");
+  const int c = lane % G, g = lane / G;
+
+  float qr[HPW][8];  // this lane's slice of each head's query, times the scale
+#pragma unroll
+  for (int hh = 0; hh < HPW; ++hh) {
+    load_as_float<8>(q + hh * p.q_head_stride + 8 * c, qr[hh]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) qr[hh][e] *= p.scale;
+  }
+
+  float m_lane = -INFINITY, l_lane = 0.0f;  // head c % HPW: running max, this lane's part of the sum
+  float acc[HPW][8] = {};                   // O of every head over elements [8c, 8c + 8), keys of group g
+  for (int64_t kv_tile = kv_begin + kw * kBc; kv_tile < kv_end; kv_tile += KW * kBc) {
+    // Scores. A key past kv_end reads the last visible row and is masked to -inf.
+    float s[HPW];
+#pragma unroll
+    for (int ch = 0; ch < HPW; ++ch) {
+      float part[G];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t j = kv_tile + (ch * R + r) * KPI + g;
+        float k8[8];
+        load_as_float<8>(k + min(j, kv_end - 1) * p.k_seq_stride + 8 * c, k8);
+#pragma unroll
+        for (int hh = 0; hh < HPW; ++hh) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dot = fmaf(qr[hh][e], k8[e], dot);
+          part[r * HPW + hh] = dot;
+        }
+      }
+      s[ch] = transpose_sum<G / 2>(part, c);
+      if (kv_tile + (ch * R + c / HPW) * KPI + g >= kv_end) s[ch] = -INFINITY;
+    }
+
+    // Online softmax of head c % HPW: the maximum over its lanes, P into shared memory.
+    float tile_max = s[0];
+#pragma unroll
+    for (int ch = 1; ch < HPW; ++ch) tile_max = fmaxf(tile_max, s[ch]);
+#pragma unroll
+    for (int offset = HPW; offset < kWarp; offset *= 2)
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
+    const float m_new = fmaxf(m_lane, tile_max);  // finite: the tile has a visible key
+    const float alpha = exp2f(m_lane - m_new);     // 0 on the first tile (m = -inf)
+    __syncwarp();                                  // every lane has read the previous tile's P
+    float p_sum = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < HPW; ++ch) {
+      const float p_j = exp2f(s[ch] - m_new);  // 0 when masked
+      smem_p[(ch * R + c / HPW) * KPI + g][c % HPW] = p_j;
+      p_sum += p_j;
+    }
+    l_lane = l_lane * alpha + p_sum;
+    m_lane = m_new;
+    __syncwarp();
+
+    // P.V with the same lane groups: lane (g, c) takes keys g, g + KPI, ... of the tile.
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh) {
+      const float a = __shfl_sync(0xffffffffu, alpha, hh);  // lane hh holds head hh
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[hh][e] *= a;
+    }
+#pragma unroll
+    for (int t = 0; t < G; ++t) {
+      const int jj = t * KPI + g;
+      float v8[8];
+      load_as_float<8>(v + min(kv_tile + jj, kv_end - 1) * p.v_seq_stride + 8 * c, v8);
+#pragma unroll
+      for (int hh = 0; hh < HPW; ++hh) {
+        const float p_j = smem_p[jj][hh];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[hh][e] = fmaf(p_j, v8[e], acc[hh][e]);
+      }
+    }
+  }
+
+  // Finish the sums (l over a head's lanes, O over the KPI key groups) and publish them: lane hh
+  // holds head hh's m and l; the lanes of group 0 hold O.
+#pragma unroll
+  for (int offset = HPW; offset < kWarp; offset *= 2) l_lane += __shfl_xor_sync(0xffffffffu, l_lane, offset);
+#pragma unroll
+  for (int offset = G; offset < kWarp; offset *= 2)
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[hh][e] += __shfl_xor_sync(0xffffffffu, acc[hh][e], offset);
+  if (g == 0)
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) smem_o[hh][8 * c + e] = acc[hh][e];
+  if (lane < HPW) smem_ml[lane][0] = m_lane, smem_ml[lane][1] = l_lane;
+}
+
 // One work item's rows (called by every warp of the CTA). GQA packing: a warp handles one
 // query position i for HPW consecutive query heads of kv head h_kv (HPW divides the group size
 // Hq/Hkv), so each K and V row it loads serves all HPW heads. A CTA holds Br such warp rows, and
-// KW warps per row split the CTA's keys once more, tile by tile (KW > 1 only with Br = 1: in
-// decode a kv head has a single warp row, and KW warps keep more of K and V in flight than one);
-// they merge their results in shared memory by the same LSE rule as the merge kernel below.
-// For the scores, lane l takes key kv_tile + l of the tile and computes its whole dot product
-// with each head's q (read from shared memory, where every lane sees all of it). For P.V, lane l
-// owns elements [l*E, l*E + E) of the head dimension, E = D/32, so a warp reads each V row as
-// one coalesced 128- or 256-byte access.
+// KW warps per row ("key warps") split the CTA's keys once more, tile by tile: the split of this
+// stage inside the CTA, for grids too small to fill the GPU, merged in shared memory by the same
+// LSE rule as the merge kernel below. Without grouping (HPW = 1) each warp runs stage 01's loop:
+// lane l takes key kv_tile + l of the tile and computes its whole dot product with q (read from
+// shared memory, where every lane sees all of it); for P.V, lane l owns elements [l*E, l*E + E)
+// of the head dimension, E = D/32, so a warp reads each V row as one coalesced 128- or 256-byte
+// access. With grouping (decode: a kv head has one warp row, Br = 1) the warp reads K and V in
+// lane groups (attend_gqa_row above).
 template <typename T, int D, int Br, int HPW, int KW>
 __device__ __forceinline__ void attend_rows(const AttnParams& p, const SplitArgs& split, int64_t b, int64_t h_kv,
                                             int64_t q_block, int split_idx, int warp, int lane,
-                                            float (&smem_q)[Br * KW][HPW][D], float (&smem_ml)[KW > 1 ? KW : 1][HPW][2]) {
-  static_assert(KW == 1 || Br == 1, "key warps split a single warp row");
+                                            float (&smem_q)[Br * KW][HPW][D],
+                                            float (&smem_p)[HPW > 1 ? KW : 1][HPW > 1 ? kBc : 1][HPW],
+                                            float (&smem_ml)[Br * KW][HPW][2]) {
+  static_assert(HPW == 1 || Br == 1, "grouped heads: one warp row per CTA");
   constexpr int E = D / kWarp;
   const int kw = warp % KW;                   // this warp's share of the keys
   const int64_t chunks = p.hq / p.hkv / HPW;  // warp rows per query position
   const int64_t r = q_block * Br + warp / KW;  // this warp's row: (query position, chunk of heads)
-  // The last query block may be partial (only with KW = 1, Br > 1); only __syncwarp() follows.
-  if (KW == 1 && r >= p.sq * chunks) return;
-  const int64_t i = r / chunks, h0 = (h_kv * chunks + r % chunks) * HPW;  // query position, first head
+  // The last query block may be partial. Without key warps its extra warps return at once (only
+  // __syncwarp() follows); with them they take part in the merge's barrier, see no keys, and
+  // store nothing (they read a valid row's q).
+  const bool row_valid = r < p.sq * chunks;
+  if (KW == 1 && !row_valid) return;
+  const int64_t r_read = row_valid ? r : p.sq * chunks - 1;
+  const int64_t i = r_read / chunks, h0 = (h_kv * chunks + r_read % chunks) * HPW;  // query position, first head
 
+  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_seq_stride + h0 * p.q_head_stride;  // head h0
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;  // [Sk][D], row stride k_seq_stride
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;  // [Sk][D], row stride v_seq_stride
 
-  // 1. The query rows of the HPW heads, fp32, in shared memory: each lane needs all of them.
-#pragma unroll
-  for (int hh = 0; hh < HPW; ++hh) {
-    const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_seq_stride + (h0 + hh) * p.q_head_stride;  // [D]
-    float q_frag[E];
-    load_as_float<E>(q + lane * E, q_frag);
-#pragma unroll
-    for (int e = 0; e < E; ++e) smem_q[warp][hh][lane * E + e] = q_frag[e];
-  }
-  __syncwarp();
-
-  // 2. Keys this row may see: all of them, or with the bottom-right causal mask the first
+  // 1. Keys this row may see: all of them, or with the bottom-right causal mask the first
   //    i + (Sk - Sq) + 1 (none when that is <= 0: the row is empty). This CTA takes the part of
   //    them inside its split [kv_begin, kv_end), which may be empty; its key warp kw takes the
   //    tiles kw, kw + KW, ... of that part.
   const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
   const int64_t kv_begin = split_idx * split.keys_per_split;
-  const int64_t kv_end = min(n_keys, kv_begin + split.keys_per_split);
+  const int64_t kv_end = row_valid ? min(n_keys, kv_begin + split.keys_per_split) : kv_begin;
 
-  // 3. Online softmax over tiles of Bc = 32 keys, for each of the HPW heads (see stage 01).
-  float m[HPW], l_lane[HPW], o_acc[HPW][E] = {};
+  float m[HPW], l[HPW], o_acc[HPW][E] = {};
+  if constexpr (HPW > 1) {
+    attend_gqa_row<T, D, HPW, KW>(p, q, k, v, kv_begin, kv_end, kw, lane, smem_q[warp], smem_p[kw], smem_ml[warp]);
+  } else {
+    // 2. The query row, fp32, in shared memory: each lane needs all of it.
+    float q_frag[E];
+    load_as_float<E>(q + lane * E, q_frag);
 #pragma unroll
-  for (int hh = 0; hh < HPW; ++hh) m[hh] = -INFINITY, l_lane[hh] = 0.0f;
-  for (int64_t kv_tile = kv_begin + kw * kBc; kv_tile < kv_end; kv_tile += KW * kBc) {
-    // 3a. Lane l scores key j = kv_tile + l against every head: its K row is loaded once, in
-    //     16-byte pieces. A lane past kv_end reads the last visible key and is masked to -inf.
-    const int64_t j = kv_tile + lane;
-    const T* k_row = k + min(j, kv_end - 1) * p.k_seq_stride;  // [D]
-    float partial[HPW][2] = {};
-#pragma unroll
-    for (int d0 = 0; d0 < D; d0 += 8) {
-      float k8[8];
-      load_as_float<8>(k_row + d0, k8);
-#pragma unroll
-      for (int hh = 0; hh < HPW; ++hh)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) partial[hh][e % 2] += smem_q[warp][hh][d0 + e] * k8[e];
-    }
+    for (int e = 0; e < E; ++e) smem_q[warp][0][lane * E + e] = q_frag[e];
+    __syncwarp();
 
-    // 3b. New running maximum per head; P for this lane's key.
-    float p_lane[HPW];
+    // 3. Online softmax over tiles of Bc = 32 keys (see stage 01).
+    float l_lane = 0.0f;
+    m[0] = -INFINITY;
+    for (int64_t kv_tile = kv_begin + kw * kBc; kv_tile < kv_end; kv_tile += KW * kBc) {
+      // 3a. Lane l scores key j = kv_tile + l: its K row is loaded in 16-byte pieces. A lane
+      //     past kv_end reads the last visible key and is masked to -inf.
+      const int64_t j = kv_tile + lane;
+      const T* k_row = k + min(j, kv_end - 1) * p.k_seq_stride;  // [D]
+      float partial[2] = {};
 #pragma unroll
-    for (int hh = 0; hh < HPW; ++hh) {
-      const float s = j < kv_end ? (partial[hh][0] + partial[hh][1]) * p.scale : -INFINITY;
-      const float m_new = fmaxf(m[hh], warp_max(s));  // finite: the tile has a visible key
-      const float alpha = exp2f(m[hh] - m_new);         // 0 on the first tile (m = -inf)
-      p_lane[hh] = exp2f(s - m_new);                     // 0 when masked
-      l_lane[hh] = l_lane[hh] * alpha + p_lane[hh];
+      for (int d0 = 0; d0 < D; d0 += 8) {
+        float k8[8];
+        load_as_float<8>(k_row + d0, k8);
 #pragma unroll
-      for (int e = 0; e < E; ++e) o_acc[hh][e] *= alpha;
-      m[hh] = m_new;
-    }
+        for (int e = 0; e < 8; ++e) partial[e % 2] += smem_q[warp][0][d0 + e] * k8[e];
+      }
 
-    // 3c. P.V, key by key: p_j comes from the lane that scored key j; the V row is loaded once
-    //     for all heads. Masked keys have p_j = 0 and read a visible row (in bounds).
+      // 3b. New running maximum; P for this lane's key.
+      const float s = j < kv_end ? (partial[0] + partial[1]) * p.scale : -INFINITY;
+      const float m_new = fmaxf(m[0], warp_max(s));  // finite: the tile has a visible key
+      const float alpha = exp2f(m[0] - m_new);        // 0 on the first tile (m = -inf)
+      const float p_lane = exp2f(s - m_new);          // 0 when masked
+      l_lane = l_lane * alpha + p_lane;
 #pragma unroll
-    for (int jj = 0; jj < kBc; ++jj) {
-      float v_frag[E];
-      load_as_float<E>(v + min(kv_tile + jj, kv_end - 1) * p.v_seq_stride + lane * E, v_frag);
+      for (int e = 0; e < E; ++e) o_acc[0][e] *= alpha;
+      m[0] = m_new;
+
+      // 3c. P.V, key by key: p_j comes from the lane that scored key j. Masked keys have
+      //     p_j = 0 and read a visible row (in bounds).
 #pragma unroll
-      for (int hh = 0; hh < HPW; ++hh) {
-        const float p_j = __shfl_sync(0xffffffffu, p_lane[hh], jj);
+      for (int jj = 0; jj < kBc; ++jj) {
+        float v_frag[E];
+        load_as_float<E>(v + min(kv_tile + jj, kv_end - 1) * p.v_seq_stride + lane * E, v_frag);
+        const float p_j = __shfl_sync(0xffffffffu, p_lane, jj);
 #pragma unroll
-        for (int e = 0; e < E; ++e) o_acc[hh][e] += p_j * v_frag[e];
+        for (int e = 0; e < E; ++e) o_acc[0][e] += p_j * v_frag[e];
       }
     }
-  }
-  float l[HPW];
+    l[0] = warp_sum(l_lane);
+    if constexpr (KW > 1) {  // publish for the merge, over this warp's q (read for the last time)
+      __syncwarp();
 #pragma unroll
-  for (int hh = 0; hh < HPW; ++hh) l[hh] = warp_sum(l_lane[hh]);
-
-  // 3d. With key warps: each publishes m, l and its unnormalised O (over its own q, which it no
-  //     longer reads); warp kw then merges head hh for hh % KW == kw: with M = max_w m_w and
-  //     c_w = 2^(m_w - M) (0 for a warp that saw no key), l = sum_w c_w l_w, O = sum_w c_w O_w.
-  if constexpr (KW > 1) {
-    __syncwarp();  // every lane of the warp has read its q for the last time
-#pragma unroll
-    for (int hh = 0; hh < HPW; ++hh) {
-#pragma unroll
-      for (int e = 0; e < E; ++e) smem_q[warp][hh][lane * E + e] = o_acc[hh][e];
-      if (lane == 0) smem_ml[kw][hh][0] = m[hh], smem_ml[kw][hh][1] = l[hh];
+      for (int e = 0; e < E; ++e) smem_q[warp][0][lane * E + e] = o_acc[0][e];
+      if (lane == 0) smem_ml[warp][0][0] = m[0], smem_ml[warp][0][1] = l[0];
     }
+  }
+
+  // 3d. Merge the key warps of each row: warp kw takes head hh for hh % KW == kw. With
+  //     M = max_w m_w and c_w = 2^(m_w - M) (0 for a warp that saw no key): l = sum_w c_w l_w,
+  //     O = sum_w c_w O_w, read from the row's warps' slots.
+  if constexpr (KW > 1 || HPW > 1) {
     __syncthreads();
+    const int row_warp0 = warp - kw;
 #pragma unroll
     for (int hh = 0; hh < HPW; ++hh) {
       if (hh % KW != kw) continue;
       float m_all = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < KW; ++w) m_all = fmaxf(m_all, smem_ml[w][hh][0]);
+      for (int w = 0; w < KW; ++w) m_all = fmaxf(m_all, smem_ml[row_warp0 + w][hh][0]);
       const float m_safe = m_all == -INFINITY ? 0.0f : m_all;
-      float l_all = 0.0f, o_all[E] = {};
+      float l_all = 0.0f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_acc[hh][e] = 0.0f;
 #pragma unroll
       for (int w = 0; w < KW; ++w) {
-        const float c = exp2f(smem_ml[w][hh][0] - m_safe);
-        l_all += c * smem_ml[w][hh][1];
+        const float cw = exp2f(smem_ml[row_warp0 + w][hh][0] - m_safe);
+        l_all += cw * smem_ml[row_warp0 + w][hh][1];
 #pragma unroll
-        for (int e = 0; e < E; ++e) o_all[e] += c * smem_q[w][hh][lane * E + e];
+        for (int e = 0; e < E; ++e) o_acc[hh][e] += cw * smem_q[row_warp0 + w][hh][lane * E + e];
       }
       m[hh] = m_all, l[hh] = l_all;
-#pragma unroll
-      for (int e = 0; e < E; ++e) o_acc[hh][e] = o_all[e];
     }
   }
+  if (!row_valid) return;
 
   // 4. Normalise. An empty row or split has l = 0: O = 0 and LSE = -inf.
   const int64_t n_rows = p.b * p.hq * p.sq;
@@ -270,43 +404,51 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& 
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
-// Resident CTAs per SM for the 4-warp CTAs of GQA packing: what stage 02's kernel reaches with the
-// same tiles, from its registers (50-56 with 2 heads per warp: 9 CTAs; 72-78 with 4: 6; 142-146
-// with 8: 3). The persistent loop keeps more values live, and without this bound the compiler
-// spends them (96 registers with 4 heads: 5 CTAs). For Br = 8 warps the bound is 3 CTAs (up to
-// 80 registers), not 02's 5: capping 03 at 02's 48 registers ran prefill_d128_s4096 14% slower
-// (5.0 against 5.8 TFLOP/s, development run), and with no bound at all it takes 122-162.
-constexpr int min_ctas_per_sm(int br, int hpw) { return br > 1 ? 3 : hpw == 8 ? 3 : hpw == 4 ? 6 : 9; }
+// Resident CTAs per SM, the bound given to the compiler. 4-warp CTAs of GQA packing: 3 with 4
+// heads per warp (up to 168 registers; at 02's bound of 4 the persistent loop's extra live values
+// spill, and decode_b1_sk131072 ran at 3438 against 3559 GB/s, development run), 4 with 2, 2 with
+// 8. 8-warp CTAs without grouping: 3 for Br = 8 (up to 80 registers), not 02's 5 (36-46
+// registers): capping 03 at 48 ran prefill_d128_s4096 14% slower (5.0 against 5.8 TFLOP/s,
+// development run), and with no bound at all it takes 122-162; 6 for the key-warp CTAs (Br = 2),
+// as 02 gets, for small problems where every CTA counts.
+constexpr int min_ctas_per_sm(int hpw, int kw) { return hpw == 1 ? (kw > 1 ? 6 : 3) : hpw == 4 ? 3 : hpw == 8 ? 2 : 4; }
 
 // grid = min(work items, resident CTAs), block Br warps. Each CTA loops over work items.
 template <typename T, int D, int Br, int HPW, int KW>
-__global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(Br, HPW)) persistent_kernel(const AttnParams p, const SplitArgs split) {
-  // [Br * KW][HPW][D]: each warp's query rows, fp32; after its keys, its unnormalised output.
+__global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW)) persistent_kernel(const AttnParams p, const SplitArgs split) {
+  // Each warp's query row, fp32 (HPW = 1); with key warps, then its unnormalised output.
   __shared__ __align__(16) float smem_q[Br * KW][HPW][D];
-  __shared__ float smem_ml[KW > 1 ? KW : 1][HPW][2];  // each key warp's m and l, for their merge
-  __shared__ unsigned long long s_item;
+  __shared__ __align__(16) float smem_p[HPW > 1 ? KW : 1][HPW > 1 ? kBc : 1][HPW];  // HPW > 1: each warp's P tile
+  __shared__ float smem_ml[Br * KW][HPW][2];  // each warp's m and l, for the merge of the key warps
+  __shared__ unsigned s_item;
   __shared__ bool s_last;
   // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane:
   // then the row, its key range and the early return below are warp-uniform, and the shuffles
   // compile to plain SHFL instead of a WARPSYNC.COLLECTIVE emulation for divergent warps.
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarp), 0);
   const int lane = threadIdx.x % kWarp;
-  const unsigned long long n_items =
-      static_cast<unsigned long long>(split.q_blocks * p.hkv * p.b) * static_cast<unsigned long long>(split.num_splits);
+  // Items and their parts in 32 bits (make_launch keeps the items under 2^31): a 64-bit division
+  // by a runtime value is a software routine of tens of instructions, and each item takes six.
+  const unsigned n_splits = split.num_splits, n_hkv = static_cast<unsigned>(p.hkv), n_b = static_cast<unsigned>(p.b);
+  const unsigned n_items = static_cast<unsigned>(split.q_blocks) * n_hkv * n_b * n_splits;
   // With fewer items than resident CTAs the grid has one CTA per item and no queue is needed.
   const bool queue = gridDim.x < n_items;
-  for (unsigned long long item = blockIdx.x; item < n_items;) {
+  for (unsigned item = blockIdx.x; item < n_items;) {
+    // 0. Ask for the next item now: the atomic's round trip overlaps this item's work.
+    unsigned next = n_items;
+    if (queue && threadIdx.x == 0) next = gridDim.x + static_cast<unsigned>(atomicAdd(split.next_item, 1ull));
+
     // 1. Decode the item: splits fastest (a query block's splits run close together, and its
     //    merge soon after), then kv heads and batches; query blocks last, the longest first when
     //    causal (with the bottom-right mask, later query blocks see more keys).
-    const int split_idx = static_cast<int>(item % split.num_splits);
-    unsigned long long rest = item / split.num_splits;
-    const int64_t h_kv = static_cast<int64_t>(rest % p.hkv);
-    rest /= p.hkv;
-    const int64_t b = static_cast<int64_t>(rest % p.b);
-    const int64_t q_rank = static_cast<int64_t>(rest / p.b);
+    const int split_idx = static_cast<int>(item % n_splits);
+    unsigned rest = item / n_splits;
+    const int64_t h_kv = rest % n_hkv;
+    rest /= n_hkv;
+    const int64_t b = rest % n_b;
+    const int64_t q_rank = rest / n_b;
     const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
-    attend_rows<T, D, Br, HPW, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, smem_q, smem_ml);
+    attend_rows<T, D, Br, HPW, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, smem_q, smem_p, smem_ml);
 
     // 2. Fused merge. Every thread makes its partials visible device-wide, then thread 0 counts
     //    this split in; the CTA that brings the count to num_splits merges the query block and
@@ -332,11 +474,11 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(Br, HPW)) per
     }
     if (!queue) break;
 
-    // 3. The next item: the first gridDim.x were handed out by blockIdx. The first barrier
-    //    publishes thread 0's fetch; the second keeps it from fetching again (overwriting
-    //    s_item) before every warp has read it, and keeps any warp from rewriting its smem_q
-    //    before the whole CTA has finished the previous item.
-    if (threadIdx.x == 0) s_item = gridDim.x + atomicAdd(split.next_item, 1ull);
+    // 3. The next item (the first gridDim.x were handed out by blockIdx). The first barrier
+    //    publishes thread 0's fetch; the second keeps it from publishing the following one
+    //    (overwriting s_item) before every warp has read it, and keeps any warp from rewriting
+    //    its smem_q before the whole CTA has finished the previous item.
+    if (threadIdx.x == 0) s_item = next;
     __syncthreads();
     item = s_item;
     __syncthreads();
@@ -357,20 +499,22 @@ Kernel select_kernel(const AttnParams& p) {
   return p.d == 64 ? persistent_kernel<__nv_bfloat16, 64, Br, HPW, KW> : persistent_kernel<__nv_bfloat16, 128, Br, HPW, KW>;
 }
 
-// Heads per warp: the largest of 8, 4, 2, 1 that divides the GQA group. Without grouping (HPW = 1)
-// a CTA holds 8 rows as in stage 01; with it, one warp row per CTA and kKeyWarps warps on its
-// keys, so that decode's few warp rows still spread over many CTAs and many warps.
+// Heads per warp: the largest of 8, 4, 2, 1 that divides the GQA group. With grouping, one warp
+// row per CTA and kKeyWarps warps on its keys, so that decode's few warp rows still spread over
+// many CTAs and many warps. Without it (HPW = 1), a CTA of 8 warp rows as in stage 01, or, when
+// key_warps is asked for (a grid too small for the GPU), 2 rows of kKeyWarps warps each: the same
+// 8 warps per CTA, 4 times the CTAs, and a row's keys covered 4 tiles at a time.
 constexpr int kKeyWarps = 4;
-Kernel select_kernel(const AttnParams& p, int* br, int* hpw, int* kw) {
+Kernel select_kernel(const AttnParams& p, bool key_warps, int* br, int* hpw, int* kw) {
   const int64_t group = p.hq / p.hkv;
   *hpw = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
-  *br = *hpw == 1 ? 8 : 1;
-  *kw = *hpw == 1 ? 1 : kKeyWarps;
+  *br = *hpw > 1 ? 1 : key_warps ? 8 / kKeyWarps : 8;
+  *kw = *hpw > 1 || key_warps ? kKeyWarps : 1;
   switch (*hpw) {
     case 8: return select_kernel<1, 8, kKeyWarps>(p);
     case 4: return select_kernel<1, 4, kKeyWarps>(p);
     case 2: return select_kernel<1, 2, kKeyWarps>(p);
-    default: return select_kernel<8, 1, 1>(p);
+    default: return key_warps ? select_kernel<8 / kKeyWarps, 1, kKeyWarps>(p) : select_kernel<8, 1, 1>(p);
   }
 }
 
@@ -393,21 +537,16 @@ Status resident_ctas_per_sm(Kernel kernel, int threads, int* out) {
   return Status::Ok();
 }
 
-// How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
-// the best wave efficiency (busy slots / all slots over the waves it takes), the smallest such
-// count when several tie, capped by kMaxSplits and by the number of key tiles.
+// How many key ranges: none unless the grid would leave the GPU part-empty; then as many as fit
+// in one wave of the persistent CTAs, capped by kMaxSplits and by the number of key tiles. Not
+// stage 02's best wave efficiency over several waves: a persistent CTA pays for every item it
+// takes (the fence and arrival of the fused merge, the queue, its first loads), and with equal
+// items the CTAs reach those steps together, so the GPU waits for each round of them. One item
+// per CTA pays once, and needs no queue.
 int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t kv_tiles) {
   if (ctas_without_split * 10 >= slots * 8) return 1;  // >= 80% of one wave: splitting buys little
   const int64_t max_splits = std::min<int64_t>(kMaxSplits, kv_tiles);
-  int best = 1;
-  double best_efficiency = 0;
-  for (int64_t s = 1; s <= max_splits; ++s) {
-    const int64_t ctas = ctas_without_split * s;
-    const int64_t waves = (ctas + slots - 1) / slots;
-    const double efficiency = static_cast<double>(ctas) / static_cast<double>(waves * slots);
-    if (efficiency > best_efficiency + 1e-9) best = static_cast<int>(s), best_efficiency = efficiency;
-  }
-  return best;
+  return static_cast<int>(std::max<int64_t>(1, std::min(max_splits, slots / ctas_without_split)));
 }
 
 // Everything launch() decides for a problem.
@@ -429,12 +568,17 @@ Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
   Launch l;
-  l.kernel = select_kernel(p, &l.br, &l.hpw, &l.kw);
-  const int64_t packed_rows = p.sq * (p.hq / p.hkv / l.hpw);  // warp rows per (batch, kv head)
-  l.q_blocks = (packed_rows + l.br - 1) / l.br;
-  ATTN_TRY(resident_ctas_per_sm(l.kernel, l.br * l.kw * kWarp, &l.ctas_per_sm));
-  l.ctas_per_sm = std::min(l.ctas_per_sm, kMaxCtasPerSm);  // the workspace's arrival counters assume it
-  l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
+  // Key warps (HPW = 1) when their grid fits in one wave: a small problem's rows then have their
+  // keys split inside the CTAs, in one launch. Otherwise 8 rows per CTA, and splits if needed.
+  for (bool key_warps : {true, false}) {
+    l.kernel = select_kernel(p, key_warps, &l.br, &l.hpw, &l.kw);
+    const int64_t packed_rows = p.sq * (p.hq / p.hkv / l.hpw);  // warp rows per (batch, kv head)
+    l.q_blocks = (packed_rows + l.br - 1) / l.br;
+    ATTN_TRY(resident_ctas_per_sm(l.kernel, l.br * l.kw * kWarp, &l.ctas_per_sm));
+    l.ctas_per_sm = std::min(l.ctas_per_sm, kMaxCtasPerSm);  // the workspace's arrival counters assume it
+    l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
+    if (!key_warps || l.hpw > 1 || l.q_blocks * p.hkv * p.b <= l.slots) break;
+  }
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
   const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, std::max<int64_t>(1, kv_tiles / l.kw));
   // Whole tiles per split; recount so that no split is empty by construction.
@@ -442,6 +586,9 @@ Status make_launch(const AttnParams& p, Launch* out) {
   l.split.num_splits = static_cast<int>((p.sk + l.split.keys_per_split - 1) / l.split.keys_per_split);
   l.split.q_blocks = l.q_blocks;
   l.items = l.q_blocks * p.hkv * p.b * l.split.num_splits;
+  constexpr int64_t kMaxItems = int64_t{1} << 31;  // the kernel counts items in 32 bits
+  if (l.items >= kMaxItems)
+    return Status::Error("work items (" + std::to_string(l.items) + ") exceed stage 03's limit 2^31");
   l.ctas = std::min(l.items, l.slots);
   l.sm_count = device->sm_count;
   *out = l;
