@@ -407,15 +407,17 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& 
 // Resident CTAs per SM, the bound given to the compiler. 4-warp CTAs of GQA packing: 3 with 4
 // heads per warp (up to 168 registers; at 02's bound of 4 the persistent loop's extra live values
 // spill, and decode_b1_sk131072 ran at 3438 against 3559 GB/s, development run), 4 with 2, 2 with
-// 8. 8-warp CTAs without grouping: 3 for Br = 8 (up to 80 registers), not 02's 5 (36-46
-// registers): capping 03 at 48 ran prefill_d128_s4096 14% slower (5.0 against 5.8 TFLOP/s,
-// development run), and with no bound at all it takes 122-162; 6 for the key-warp CTAs (Br = 2),
+// 8. 8-warp CTAs without grouping (Br = 8), where 02 runs 5 or 6 CTAs of 36-46 registers and 03's
+// loop needs more: 4 CTAs (64 registers) at D = 128, 3 (80) at D = 64, from development runs of
+// 3 and 4: prefill_d128_s4096 6.04 against 5.87 TFLOP/s, prefill_d64_s4096 5.30 against 5.42; 5
+// CTAs (48 registers) spill and ran prefill_d128_s4096 at 5.0. 6 for the key-warp CTAs (Br = 2),
 // as 02 gets, for small problems where every CTA counts.
-constexpr int min_ctas_per_sm(int hpw, int kw) { return hpw == 1 ? (kw > 1 ? 6 : 3) : hpw == 4 ? 3 : hpw == 8 ? 2 : 4; }
+constexpr int min_ctas_per_sm(int hpw, int kw, int d) {
+  return hpw == 1 ? (kw > 1 ? 6 : d == 128 ? 4 : 3) : hpw == 4 ? 3 : hpw == 8 ? 2 : 4;
+}
 
-// grid = min(work items, resident CTAs), block Br warps. Each CTA loops over work items.
 template <typename T, int D, int Br, int HPW, int KW>
-__global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW)) persistent_kernel(const AttnParams p, const SplitArgs split) {
+__global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D)) persistent_kernel(const AttnParams p, const SplitArgs split) {
   // Each warp's query row, fp32 (HPW = 1); with key warps, then its unnormalised output.
   __shared__ __align__(16) float smem_q[Br * KW][HPW][D];
   __shared__ __align__(16) float smem_p[HPW > 1 ? KW : 1][HPW > 1 ? kBc : 1][HPW];  // HPW > 1: each warp's P tile
