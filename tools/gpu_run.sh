@@ -8,6 +8,7 @@
 #   bench      attn_bench -> $OUT/bench.json (extra flags in $BENCH_FLAGS)
 #   peers      tools/peers.py -> $OUT/peers.json
 #   ncu        Nsight Compute counters of stages 03-05 on prefill_d128_s4096 -> $OUT/ncu.log
+#   ncu_decode Nsight Compute counters of stages 02-03 on two decode shapes -> $OUT/ncu_decode.log
 # Every step runs even if an earlier one failed; the summary at the end says which failed.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -34,6 +35,7 @@ for step in "$@"; do
     peers) run_step peers bash -c "build/bench/attn_runner --shapes-json > '$OUT/shapes.json' && \
              PYTHONUNBUFFERED=1 python3 tools/peers.py --shapes '$OUT/shapes.json' --out '$OUT/peers.json' ${PEERS_FLAGS:-}" ;;
     ncu) run_step ncu tools/ncu_stages.sh ;;
+    ncu_decode) run_step ncu_decode tools/ncu_decode.sh ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -8,11 +8,13 @@
 // which writes an fp32 partial output and its LSE to the workspace; a second kernel merges the
 // partials with log-sum-exp weights. num_splits is chosen from the SM count, the occupancy and the
 // CTAs the grid has without splitting. The rows of a CTA are (query position, head) pairs of one
-// kv head, so in decode the query heads of a GQA group share every K and V row they read, and
-// four warps split that row's keys once more inside the CTA.
+// kv head, so in decode the query heads of a GQA group share every K and V row they read, read
+// coalesced by lane groups, and four warps split that row's keys once more inside the CTA (as they
+// do for any grid too small for the GPU: the seed shape runs as one launch).
 //
-// Figures (H200, results/h200/, commit 66b84be): seed 7.59 us (1.36x over 01); decode_b1_sk131072
-// 2741 GB/s, decode_b8_sk32768 2736 GB/s (67% and 64% of cuDNN). Why: notebooks_md/02_kv_split.md.
+// Figures (H200, results/h200/, commit e1a99b2): seed 4.67 us (2.21x over 01); decode_b1_sk131072
+// 3829 GB/s, decode_b8_sk32768 3933 GB/s (92% and 90% of cuDNN in the same run).
+// Why: notebooks_md/02_kv_split.md.
 #include <algorithm>
 #include <cmath>
 #include <map>

@@ -10,9 +10,9 @@
 // registers (accumulator fragments), whose layout the kernel learns and checks on entry.
 // Scheduling (persistent CTAs, split-KV, fused merge) is 03's.
 //
-// Figures (H200, results/h200/, commit 66b84be): prefill_d128_s4096 49.8 TFLOP/s (8.5x over 03;
-// its unpadded tiles make 86% of shared wavefronts bank conflicts), causal 49.3; seed 13.5 us;
-// decode_b1_sk131072 1913 GB/s. Why: notebooks_md/04_wmma.md.
+// Figures (H200, results/h200/, commit e1a99b2): prefill_d128_s4096 50.0 TFLOP/s (8.3x over 03;
+// its unpadded tiles make 86% of shared wavefronts bank conflicts), causal 49.6; seed 13.5 us;
+// decode_b1_sk131072 1918 GB/s. Why: notebooks_md/04_wmma.md.
 #include <algorithm>
 #include <cmath>
 

@@ -9,9 +9,9 @@
 // shared-memory stages, so tile j+1 is in flight while tile j is computed; and every
 // shared-memory row is padded by 16 bytes so consecutive rows start in different banks.
 //
-// Figures (H200, results/h200/, commit 66b84be): prefill_d128_s4096 254 TFLOP/s (5.1x over 04,
-// 0.76x of FA2's 335 in the same run), causal 240 (0.87x); seed 8.65 us; decode_b1_sk131072
-// 3783 GB/s (1.07x FA2, 0.92x cuDNN). Why: notebooks_md/05_cp_async.md.
+// Figures (H200, results/h200/, commit e1a99b2): prefill_d128_s4096 258 TFLOP/s (5.2x over 04,
+// 0.77x of FA2's 335 in the same run), causal 241 (0.88x); seed 8.63 us; decode_b1_sk131072
+// 3851 GB/s (1.06x FA2, 0.92x cuDNN). Why: notebooks_md/05_cp_async.md.
 #include <algorithm>
 #include <cmath>
 
