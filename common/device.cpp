@@ -4,8 +4,10 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 
 #include <cuda_runtime_api.h>
 
@@ -114,6 +116,27 @@ std::string driver_version_string() {
   int v = 0;
   if (cudaDriverGetVersion(&v) == cudaSuccess && v > 0) return "CUDA " + cuda_version_string(v);
   return "unknown";
+}
+
+Status resident_ctas_per_sm(const void* kernel, int threads, size_t dynamic_smem, int* out) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int, size_t>, int> cache;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return Status::Error("cudaGetDevice failed");
+  const auto key = std::make_tuple(kernel, device, threads, dynamic_smem);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    int n = 0;
+    cudaError_t err = cudaSuccess;
+    if (dynamic_smem > 0)
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_smem));
+    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, dynamic_smem);
+    if (err != cudaSuccess) return Status::Error(std::string("occupancy: ") + cudaGetErrorString(err));
+    it = cache.emplace(key, n > 1 ? n : 1).first;
+  }
+  *out = it->second;
+  return Status::Ok();
 }
 
 }  // namespace attn

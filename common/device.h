@@ -31,6 +31,13 @@ struct DeviceInfo {
 /// @return an error when there is no usable CUDA device.
 Status current_device(const DeviceInfo** out);
 
+/// Resident CTAs per SM of @p kernel (a __global__ function) launched with @p threads threads and
+/// @p dynamic_smem bytes of dynamic shared memory, on the current device: the occupancy calculator's
+/// answer, at least 1, cached per (kernel, device, threads, dynamic_smem). When dynamic_smem is
+/// not 0, the first call also lifts the kernel's dynamic shared-memory limit to it (above the
+/// default 48 KB takes that opt-in).
+Status resident_ctas_per_sm(const void* kernel, int threads, size_t dynamic_smem, int* out);
+
 /// Number of CUDA devices, 0 when there is none or the driver is missing (never an error).
 int cuda_device_count();
 

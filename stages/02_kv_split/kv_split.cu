@@ -17,9 +17,6 @@
 // Why: notebooks_md/02_kv_split.md.
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include "device.h"
 #include "dtype.cuh"
@@ -474,25 +471,6 @@ Kernel select_combine(const AttnParams& p) {
   return p.d == 64 ? combine_kernel<__nv_bfloat16, 64> : combine_kernel<__nv_bfloat16, 128>;
 }
 
-// Resident CTAs per SM of a kernel, from the occupancy calculator, cached per (kernel, device).
-Status resident_ctas_per_sm(Kernel kernel, int threads, int* out) {
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int> cache;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return Status::Error("cudaGetDevice failed");
-  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    int n = 0;
-    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0);
-    if (err != cudaSuccess) return Status::Error(std::string("occupancy: ") + cudaGetErrorString(err));
-    it = cache.emplace(key, std::max(n, 1)).first;
-  }
-  *out = it->second;
-  return Status::Ok();
-}
-
 // How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
 // the best wave efficiency (busy slots / all slots over the waves it takes), the smallest such
 // count when several tie, capped by kMaxSplits and by the number of key tiles.
@@ -531,7 +509,7 @@ Status make_launch(const AttnParams& p, Launch* out) {
     l.kernel = select_kernel(p, key_warps, &l.br, &l.hpw, &l.kw);
     packed_rows = p.sq * (p.hq / p.hkv / l.hpw);
     l.q_blocks = (packed_rows + l.br - 1) / l.br;
-    ATTN_TRY(resident_ctas_per_sm(l.kernel, l.br * l.kw * kWarp, &l.ctas_per_sm));
+    ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(l.kernel), l.br * l.kw * kWarp, 0, &l.ctas_per_sm));
     l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
     if (l.kw > 1 || l.q_blocks * p.hkv * p.b * 10 >= l.slots * 8) break;  // >= 80% of a wave
   }

@@ -17,10 +17,7 @@
 #include <cmath>
 
 #include <mma.h>
-#include <map>
-#include <mutex>
 #include <type_traits>
-#include <utility>
 
 #include "device.h"
 #include "dtype.cuh"
@@ -552,27 +549,6 @@ size_t smem_bytes(const AttnParams& p, int warps) {
   return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsSmall>) : sizeof(Smem<__half, 128, kWarpsSmall>);
 }
 
-// Resident CTAs per SM of a kernel, from the occupancy calculator, cached per (kernel, device).
-// The first call also lifts the kernel's dynamic shared-memory limit above the default 48 KB.
-Status resident_ctas_per_sm(Kernel kernel, int threads, size_t smem, int* out) {
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int> cache;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return Status::Error("cudaGetDevice failed");
-  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    int n = 0;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem);
-    if (err != cudaSuccess) return Status::Error(std::string("occupancy: ") + cudaGetErrorString(err));
-    it = cache.emplace(key, std::max(n, 1)).first;
-  }
-  *out = it->second;
-  return Status::Ok();
-}
-
 // How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
 // the best wave efficiency (busy slots / all slots over the waves it takes), the smallest such
 // count when several tie, capped by kMaxSplits and by max_splits.
@@ -619,7 +595,7 @@ Status make_launch(const AttnParams& p, Launch* out) {
                            std::to_string(device->smem_per_block_optin));
     }
     l.q_blocks = (packed_rows + 16 * warps - 1) / (16 * warps);
-    ATTN_TRY(resident_ctas_per_sm(l.kernel, warps * kWarp, l.smem, &l.ctas_per_sm));
+    ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(l.kernel), warps * kWarp, l.smem, &l.ctas_per_sm));
     l.ctas_per_sm = std::min(l.ctas_per_sm, kMaxCtasPerSm);  // the workspace's arrival counters assume it
     l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
     if (l.q_blocks * p.hkv * p.b >= l.slots) break;
