@@ -6,13 +6,12 @@
 // warp reading K and V for itself. This stage adds one idea: S = Q.K^T and O += P.V run on
 // tensor cores through nvcuda::wmma (16x16x16 fragments, fp16/bf16 in, fp32 accumulate). A CTA
 // of 8 (or, for small grids, 4) warps takes 128 (64) query rows, 16 per warp; Q, K and V tiles
-// are staged in shared memory, where all its warps share them. Scores, the online softmax, P and O stay in each warp's
-// registers (accumulator fragments), whose layout the kernel learns and checks on entry.
-// Scheduling (persistent CTAs, split-KV, fused merge) is 03's.
+// are staged in shared memory, where all its warps share them, as slabs of 16 columns (see
+// Slabs). Scores, the online softmax, P and O stay in each warp's registers (accumulator
+// fragments), in the layout the kernel checks on entry. Scheduling (persistent CTAs, split-KV,
+// fused merge) is 03's.
 //
-// Figures (H200, results/h200/, commit e1a99b2): prefill_d128_s4096 50.0 TFLOP/s (8.3x over 03;
-// its unpadded tiles make 86% of shared wavefronts bank conflicts), causal 49.6; seed 13.5 us;
-// decode_b1_sk131072 1918 GB/s. Why: notebooks_md/04_wmma.md.
+// Figures (H200, results/h200/, commit RESULTS_COMMIT): FIGURES_04
 #include <algorithm>
 #include <cmath>
 
@@ -80,15 +79,24 @@ __device__ __forceinline__ void load_floats_cg(const float* src, float (&dst)[E]
   }
 }
 
-// Shared memory of one CTA. Rows are D elements wide, unpadded (stage 05 pads them).
+// A Q, K or V tile in shared memory, kept as D/16 slabs of 16 columns: element (r, c) at
+// [c / 16][r][c % 16]. A 16x16 fragment is then 16 rows of 32 bytes (ldm = 16), and the 8 rows
+// one ldmatrix phase reads span 256 bytes: 2 rows per bank, a 2-way bank conflict. Rows of D
+// elements (ldm = D, a multiple of 128 bytes) would put all 8 rows in the same 4 banks, 8-way.
+// WMMA takes one row stride per fragment, so no unpadded layout does better than 2-way; stage
+// 05 pads the rows and gets none.
+template <typename T, int Rows, int D>
+using Slabs = T[D / 16][Rows][16];
+
+// Shared memory of one CTA: Q, K and V as slabs, unpadded.
 template <typename T, int D, int Warps>
 struct Smem {
   static constexpr int kBr = 16 * Warps;
-  T q[kBr][D];              // [Br][D]: the CTA's packed query rows
+  Slabs<T, kBr, D> q;       // [Br][D]: the CTA's packed query rows
   union {
     struct {
-      T k[kBc][D];          // [Bc][D]: the K tile
-      T v[kBc][D];          // [Bc][D]: the V tile
+      Slabs<T, kBc, D> k;   // [Bc][D]: the K tile
+      Slabs<T, kBc, D> v;   // [Bc][D]: the V tile
     } kv;
     float o[kBr][D];        // [Br][D]: the output block, staged for the store (after the last tile)
   };
@@ -104,7 +112,7 @@ static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge>) <= 227 * 1024, "exce
 // load_matrix_sync into ldmatrix (one instruction per fragment); for bf16 it emits generic 32-bit
 // loads plus MOVM transposes, several times the instructions (nvcc 13.0, sm_90). A fragment only
 // moves 16-bit elements, so bf16 tiles are loaded through an fp16 fragment and the bits copied
-// over: the same registers, by ldmatrix (checked on entry, see learn_fragment_map).
+// over: the same registers, by ldmatrix (checked on entry, see check_fragment_map).
 template <typename Use, typename Layout, typename T>
 __device__ __forceinline__ void load_fragment(wmma::fragment<Use, 16, 16, 16, T, Layout>& frag, const T* tile, unsigned ldm) {
   if constexpr (std::is_same_v<T, __half>) {
@@ -130,23 +138,25 @@ __device__ bool load_fragment_is_exact(const T* tile) {
 }
 
 // Where this thread's elements sit in a 16x16 accumulator fragment. WMMA leaves the layout
-// unspecified, so the kernel learns it on entry (learn_fragment_map) and checks the two facts the
-// softmax relies on: the 8 elements lie in two rows, element e in row[(e >> 1) & 1], shared with
-// the other 3 lanes of its quad (so a row's max and sum are 2 shuffles away); and element e of a
-// matrix_a fragment holds what element e % 8 of the accumulator holds (so P goes from the S
-// accumulator to the A operand of P.V in registers). Both hold for mma.sync's m16n8k16 layout,
-// which WMMA compiles to on sm_80 and sm_90. It also checks load_fragment against
-// load_matrix_sync for the three operand fragments.
-struct FragMap {
-  int row[2];  // the two rows (0..15) of this thread's elements
-  int col[8];  // the column (0..15) of element e
-};
+// unspecified; this kernel is written for the layout of mma.sync's m16n8k16 (PTX ISA), which WMMA
+// compiles to on sm_80 and sm_90, and checks it on entry (check_fragment_map): lane l holds 8
+// elements in two rows, l/4 and l/4 + 8, shared with the other 3 lanes of its quad (so a row's max
+// and sum are 2 shuffles away); element e sits in row l/4 + 8 * ((e >> 1) & 1), column
+// 2 * (l % 4) + (e & 1) + 8 * (e >> 2). And element e of a matrix_a fragment holds what element
+// e % 8 of the accumulator holds (so P goes from the S accumulator to the A operand of P.V in
+// registers). Computed from the lane, the map holds no registers of its own.
 __device__ __forceinline__ int half_of(int e) { return (e >> 1) & 1; }  // which of the two rows
+struct FragMap {
+  int lane;
+  __device__ __forceinline__ int row(int h) const { return lane / 4 + 8 * h; }  // h = half_of(e)
+  __device__ __forceinline__ int col(int e) const { return 2 * (lane % 4) + (e & 1) + 8 * (e >> 2); }
+};
 
-// Learn the map by loading a 16x16 matrix whose entries are their own index (16 * row + col),
-// exact in fp32, fp16 and bf16; trap if a check fails. ids_f32 and ids_t: shared scratch.
+// Check the map by loading a 16x16 matrix whose entries are their own index (16 * row + col),
+// exact in fp32, fp16 and bf16, and check load_fragment against load_matrix_sync for the three
+// operand fragments; trap if a check fails. ids_f32 and ids_t: shared scratch.
 template <typename T>
-__device__ FragMap learn_fragment_map(float* ids_f32, T* ids_t) {
+__device__ FragMap check_fragment_map(float* ids_f32, T* ids_t) {
   for (int c = threadIdx.x; c < 16 * 16; c += blockDim.x) ids_f32[c] = static_cast<float>(c), ids_t[c] = from_float<T>(static_cast<float>(c));
   __syncthreads();
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
@@ -154,23 +164,14 @@ __device__ FragMap learn_fragment_map(float* ids_f32, T* ids_t) {
   wmma::load_matrix_sync(acc, ids_f32, 16, wmma::mem_row_major);
   wmma::load_matrix_sync(a, ids_t, 16);
   static_assert(decltype(acc)::num_elements == 8, "an fp32 16x16 accumulator holds 8 elements per thread");
-  FragMap map;
-  map.row[0] = static_cast<int>(acc.x[0]) / 16;
-  map.row[1] = static_cast<int>(acc.x[2]) / 16;
+  const FragMap map{static_cast<int>(threadIdx.x % kWarp)};
   bool ok = load_fragment_is_exact<wmma::matrix_a, wmma::row_major>(ids_t) &&
             load_fragment_is_exact<wmma::matrix_b, wmma::col_major>(ids_t) &&
             load_fragment_is_exact<wmma::matrix_b, wmma::row_major>(ids_t);
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    map.col[e] = static_cast<int>(acc.x[e]) % 16;
-    ok = ok && static_cast<int>(acc.x[e]) / 16 == map.row[half_of(e)];
-  }
+  for (int e = 0; e < 8; ++e) ok = ok && static_cast<int>(acc.x[e]) == 16 * map.row(half_of(e)) + map.col(e);
 #pragma unroll
   for (int e = 0; e < a.num_elements; ++e) ok = ok && to_float(a.x[e]) == acc.x[e % 8];
-#pragma unroll
-  for (int offset = 1; offset <= 2; offset *= 2)
-    ok = ok && __shfl_xor_sync(0xffffffffu, map.row[0], offset) == map.row[0] &&
-         __shfl_xor_sync(0xffffffffu, map.row[1], offset) == map.row[1];
   if (!__all_sync(0xffffffffu, ok)) __trap();  // a fragment layout this kernel was not written for
   __syncthreads();  // the scratch is reused
   return map;
@@ -196,22 +197,37 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Copy rows of D elements into a shared-memory tile, 16 bytes per thread per step; row r comes
-// from src_row(r), or is zero when that returns null (past the end: zeros keep P.V finite).
-// Thread t copies piece t % (D/8) of rows t / (D/8), + kRowStep, ...: the loop unrolls into a
-// few instructions per 16 bytes, with no division.
+// Which 16 bytes of a tile a thread copies: each warp instruction moves a block of 4 rows x 64
+// columns, that is four whole 128-byte lines of global memory (coalesced), into 8 distinct bank
+// groups of each slab it writes (lane l: row (l >> 1) & 3, columns 16 * (l >> 3) + 8 * (l & 1);
+// no conflict on the store). Warps take the D/64 lines of a row in turn, then the next 4 rows.
+template <int Threads, int D>
+struct PieceMap {
+  static constexpr int kLines = D / 64;                         // 128-byte lines per row (16-bit types)
+  static constexpr int kRowStep = 4 * (Threads / 32) / kLines;  // rows between a thread's pieces
+  static_assert((Threads / 32) % kLines == 0, "the warps share out the lines of a row evenly");
+  int row, col;  // this thread's first row, and the first of its 8 columns
+  __device__ __forceinline__ PieceMap() {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    row = 4 * (warp / kLines) + ((lane >> 1) & 3);
+    col = 64 * (warp % kLines) + 16 * (lane >> 3) + 8 * (lane & 1);
+  }
+};
+
+// Copy rows of D elements into a shared-memory tile, 16 bytes per thread per step (PieceMap);
+// row r comes from src_row(r), or is zero when that returns null (past the end: zeros keep P.V
+// finite). The loop unrolls into a few instructions per 16 bytes, with no division.
 template <int Threads, typename T, int D, int Rows, typename RowFn>
-__device__ __forceinline__ void load_tile(T (&tile)[Rows][D], RowFn src_row) {
-  constexpr int kChunks = D / 8;  // 16-byte pieces per row
-  constexpr int kRowStep = Threads / kChunks;
-  static_assert(Threads % kChunks == 0 && Rows % kRowStep == 0, "every thread copies the same pieces");
-  const int piece = threadIdx.x % kChunks;
+__device__ __forceinline__ void load_tile(Slabs<T, Rows, D>& tile, RowFn src_row) {
+  using Map = PieceMap<Threads, D>;
+  static_assert(Rows % Map::kRowStep == 0, "every thread copies the same pieces");
+  const Map m;
 #pragma unroll
-  for (int r = threadIdx.x / kChunks; r < Rows; r += kRowStep) {
+  for (int r = m.row; r < Rows; r += Map::kRowStep) {
     const T* src = src_row(r);
     Pack<8> value{};
-    if (src != nullptr) value = load_pack<8>(src + piece * 8);
-    *reinterpret_cast<Pack<8>*>(&tile[r][piece * 8]) = value;
+    if (src != nullptr) value = load_pack<8>(src + m.col);
+    *reinterpret_cast<Pack<8>*>(&tile[m.col / 16][r][m.col % 16]) = value;
   }
 }
 
@@ -219,21 +235,22 @@ __device__ __forceinline__ void load_tile(T (&tile)[Rows][D], RowFn src_row) {
 // zero the rest, with load_tile's thread-to-piece map and one pointer step per row. Every tile
 // but a block's last is whole, and takes the branch without a test per row.
 template <int Threads, typename T, int D, int Rows>
-__device__ __forceinline__ void load_rows(T (&tile)[Rows][D], const T* src, int64_t stride, int64_t valid) {
-  constexpr int kChunks = D / 8;
-  constexpr int kRowStep = Threads / kChunks;
-  const int piece = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
-  const T* row = src + r0 * stride + piece * 8;
+__device__ __forceinline__ void load_rows(Slabs<T, Rows, D>& tile, const T* src, int64_t stride, int64_t valid) {
+  using Map = PieceMap<Threads, D>;
+  constexpr int kRowStep = Map::kRowStep;
+  const Map m;
+  T* dst = &tile[m.col / 16][m.row][m.col % 16];
+  const T* row = src + m.row * stride + m.col;
   if (valid >= Rows) {
 #pragma unroll
     for (int j = 0; j < Rows / kRowStep; ++j, row += kRowStep * stride)
-      *reinterpret_cast<Pack<8>*>(&tile[r0 + j * kRowStep][piece * 8]) = load_pack<8>(row);
+      *reinterpret_cast<Pack<8>*>(dst + j * kRowStep * 16) = load_pack<8>(row);
   } else {
 #pragma unroll
     for (int j = 0; j < Rows / kRowStep; ++j, row += kRowStep * stride) {
       Pack<8> value{};
-      if (r0 + j * kRowStep < valid) value = load_pack<8>(row);
-      *reinterpret_cast<Pack<8>*>(&tile[r0 + j * kRowStep][piece * 8]) = value;
+      if (m.row + j * kRowStep < valid) value = load_pack<8>(row);
+      *reinterpret_cast<Pack<8>*>(dst + j * kRowStep * 16) = value;
     }
   }
 }
@@ -279,12 +296,12 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   float m[2], l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t r = row0 + warp * 16 + map.row[h];
+    const int64_t r = row0 + warp * 16 + map.row(h);
     end[h] = r < rows ? row_end(r) : block_end;
     m[h] = -INFINITY, l[h] = 0.0f;
   }
 
-  // 2. The Q block (zeros past the last row), then this warp's Q fragments, kept in registers.
+  // 2. The Q block (zeros past the last row).
   load_tile<kThreads, T, D, kBr>(sm.q, [&](int r) -> const T* {
     if (row0 + r >= rows) return nullptr;
     const int64_t i = (row0 + r) / group, h = h_kv * group + (row0 + r) % group;
@@ -292,17 +309,11 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   });
   __syncthreads();
   const bool warp_active = row0 + warp * 16 < rows;  // warp-uniform: skip blocks of padding rows
-  FragA q_frag[D / 16];
   FragAcc o_frag[D / 16];
 #pragma unroll
-  for (int d = 0; d < D / 16; ++d) {
-    load_fragment(q_frag[d], &sm.q[warp * 16][d * 16], D);
-    wmma::fill_fragment(o_frag[d], 0.0f);
-    if (p.scale < 0.0f)
-#pragma unroll
-      for (int e = 0; e < q_frag[d].num_elements; ++e) q_frag[d].x[e] = from_bits<T>(to_bits(q_frag[d].x[e]) ^ 0x8000u);
-  }
+  for (int d = 0; d < D / 16; ++d) wmma::fill_fragment(o_frag[d], 0.0f);
   const float scale = fabsf(p.scale);  // log2 units (the launch folded in log2(e))
+  const bool negate_q = p.scale < 0.0f;
 
   // One step of the online softmax over keys [kv_tile, kv_tile + Bc); Masked says whether the
   // tile reaches past some row's last key.
@@ -315,16 +326,23 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
 
     if (warp_active) {
       // 4. S = Q.K^T for this warp's 16 rows: Bc/16 accumulator fragments of 16 keys, kept in
-      //    registers.
+      //    registers. Q's fragments are read from shared memory, one per 16 columns of D, each
+      //    used for all Bc/16 key fragments (see min_ctas_per_sm for why not kept in registers).
       FragAcc s_frag[kBc / 16];
 #pragma unroll
-      for (int n = 0; n < kBc / 16; ++n) {
-        wmma::fill_fragment(s_frag[n], 0.0f);
+      for (int n = 0; n < kBc / 16; ++n) wmma::fill_fragment(s_frag[n], 0.0f);
 #pragma unroll
-        for (int d = 0; d < D / 16; ++d) {
+      for (int d = 0; d < D / 16; ++d) {
+        FragA q_frag;
+        load_fragment(q_frag, &sm.q[d][warp * 16][0], 16);
+        if (negate_q)
+#pragma unroll
+          for (int e = 0; e < q_frag.num_elements; ++e) q_frag.x[e] = from_bits<T>(to_bits(q_frag.x[e]) ^ 0x8000u);
+#pragma unroll
+        for (int n = 0; n < kBc / 16; ++n) {
           FragKt kt_frag;
-          load_fragment(kt_frag, &sm.kv.k[n * 16][d * 16], D);
-          wmma::mma_sync(s_frag[n], q_frag[d], kt_frag, s_frag[n]);
+          load_fragment(kt_frag, &sm.kv.k[d][n * 16][0], 16);
+          wmma::mma_sync(s_frag[n], q_frag, kt_frag, s_frag[n]);
         }
       }
 
@@ -338,7 +356,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
       for (int n = 0; n < kBc / 16; ++n)
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          if (kMasked && n * 16 + map.col[e] >= limit[half_of(e)]) s_frag[n].x[e] = -INFINITY;
+          if (kMasked && n * 16 + map.col(e) >= limit[half_of(e)]) s_frag[n].x[e] = -INFINITY;
           tile_max[half_of(e)] = fmaxf(tile_max[half_of(e)], s_frag[n].x[e]);
         }
       float alpha[2], neg_m_scaled[2];
@@ -376,7 +394,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
 #pragma unroll
         for (int d = 0; d < D / 16; ++d) {
           FragV v_frag;
-          load_fragment(v_frag, &sm.kv.v[kk * 16][d * 16], D);
+          load_fragment(v_frag, &sm.kv.v[d][kk * 16][0], 16);
           wmma::mma_sync(o_frag[d], p_frag, v_frag, o_frag[d]);
         }
       }
@@ -395,7 +413,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   for (int h = 0; h < 2; ++h) {
     l[h] = quad_sum(l[h]);
     inv_l[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-    if (map.col[0] == 0) sm.row_lse[warp * 16 + map.row[h]] = l[h] > 0.0f ? (m[h] * scale + log2f(l[h])) * kLn2 : -INFINITY;
+    if (map.col(0) == 0) sm.row_lse[warp * 16 + map.row(h)] = l[h] > 0.0f ? (m[h] * scale + log2f(l[h])) * kLn2 : -INFINITY;
   }
 #pragma unroll
   for (int d = 0; d < D / 16; ++d) {
@@ -461,35 +479,49 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& 
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
+// Resident CTAs per SM, the bound given to the compiler: 2 of 8 warps (128 registers), 3 of 4
+// (168). Unbounded, nvcc takes 203-205 registers at D = 128 and 1 CTA of 8 warps fits an SM: 8
+// warps to hide the latency of every shared-memory fragment load, and nothing runs while that CTA
+// waits at a barrier for its K/V tile. For the bound, Q's fragments are read from shared memory
+// in every tile instead of held in 64 registers. Development runs, prefill_d128_s4096: 128 TFLOP/s
+// with Q in registers (1 CTA of 8 warps per SM), 147 with 2 CTAs (100 bytes of spill stores).
+constexpr int min_ctas_per_sm(int warps) { return warps == kWarpsLarge ? 2 : 3; }
+
 // grid = min(work items, resident CTAs), block Warps warps. Each CTA loops over work items.
 template <typename T, int D, int Warps>
-__global__ void __launch_bounds__(Warps * kWarp) wmma_kernel(const AttnParams p, const SplitArgs split) {
+__global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps)) wmma_kernel(const AttnParams p, const SplitArgs split) {
   constexpr int kBr = 16 * Warps;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem<T, D, Warps>& sm = *reinterpret_cast<Smem<T, D, Warps>*>(smem_raw);
-  __shared__ unsigned long long s_item;
+  __shared__ unsigned s_item;
   __shared__ bool s_last;
   // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane.
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarp), 0);
   const int lane = threadIdx.x % kWarp;
 
-  // 0. Where this thread's fragment elements sit (see FragMap), learnt in the K/V tile space.
-  const FragMap map = learn_fragment_map<T>(reinterpret_cast<float*>(&sm.kv), &sm.q[0][0]);
+  // 0. Where this thread's fragment elements sit (see FragMap), checked in the K/V tile space.
+  const FragMap map = check_fragment_map<T>(reinterpret_cast<float*>(&sm.kv), &sm.q[0][0][0]);
 
-  const unsigned long long n_items =
-      static_cast<unsigned long long>(split.q_blocks * p.hkv * p.b) * static_cast<unsigned long long>(split.num_splits);
+  // Items and their parts in 32 bits (make_launch keeps the items under 2^31): a 64-bit division
+  // by a runtime value is a software routine of tens of instructions, and each item takes six.
+  const unsigned n_splits = split.num_splits, n_hkv = static_cast<unsigned>(p.hkv), n_b = static_cast<unsigned>(p.b);
+  const unsigned n_items = static_cast<unsigned>(split.q_blocks) * n_hkv * n_b * n_splits;
   // With fewer items than resident CTAs the grid has one CTA per item and no queue is needed.
   const bool queue = gridDim.x < n_items;
-  for (unsigned long long item = blockIdx.x; item < n_items;) {
+  for (unsigned item = blockIdx.x; item < n_items;) {
+    // 0. Ask for the next item now: the atomic's round trip overlaps this item's work.
+    unsigned next = n_items;
+    if (queue && threadIdx.x == 0) next = gridDim.x + static_cast<unsigned>(atomicAdd(split.next_item, 1ull));
+
     // 1. Decode the item: splits fastest (a query block's splits run close together, and its
     //    merge soon after), then kv heads and batches; query blocks last, the longest first when
     //    causal (with the bottom-right mask, later query blocks see more keys).
-    const int split_idx = static_cast<int>(item % split.num_splits);
-    unsigned long long rest = item / split.num_splits;
-    const int64_t h_kv = static_cast<int64_t>(rest % p.hkv);
-    rest /= p.hkv;
-    const int64_t b = static_cast<int64_t>(rest % p.b);
-    const int64_t q_rank = static_cast<int64_t>(rest / p.b);
+    const int split_idx = static_cast<int>(item % n_splits);
+    unsigned rest = item / n_splits;
+    const int64_t h_kv = rest % n_hkv;
+    rest /= n_hkv;
+    const int64_t b = rest % n_b;
+    const int64_t q_rank = rest / n_b;
     const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
     attend_block<T, D, Warps>(p, split, b, h_kv, q_block, split_idx, warp, lane, map, sm);
 
@@ -516,11 +548,11 @@ __global__ void __launch_bounds__(Warps * kWarp) wmma_kernel(const AttnParams p,
     }
     if (!queue) break;
 
-    // 3. The next item: the first gridDim.x were handed out by blockIdx. The first barrier
-    //    publishes thread 0's fetch; the second keeps it from fetching again (overwriting s_item)
-    //    before every warp has read it, and keeps the next item's tiles from overwriting shared
-    //    memory the previous item still reads.
-    if (threadIdx.x == 0) s_item = gridDim.x + atomicAdd(split.next_item, 1ull);
+    // 3. The next item (the first gridDim.x were handed out by blockIdx). The first barrier
+    //    publishes thread 0's fetch; the second keeps it from publishing the following one
+    //    (overwriting s_item) before every warp has read it, and keeps the next item's tiles
+    //    from overwriting shared memory the previous item still reads.
+    if (threadIdx.x == 0) s_item = next;
     __syncthreads();
     item = s_item;
     __syncthreads();
@@ -598,7 +630,7 @@ Status make_launch(const AttnParams& p, Launch* out) {
     ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(l.kernel), warps * kWarp, l.smem, &l.ctas_per_sm));
     l.ctas_per_sm = std::min(l.ctas_per_sm, kMaxCtasPerSm);  // the workspace's arrival counters assume it
     l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
-    if (l.q_blocks * p.hkv * p.b >= l.slots) break;
+      if (l.q_blocks * p.hkv * p.b >= l.slots) break;
   }
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
   const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, std::max<int64_t>(1, kv_tiles / kMinTilesPerSplit));
@@ -607,6 +639,9 @@ Status make_launch(const AttnParams& p, Launch* out) {
   l.split.num_splits = static_cast<int>((p.sk + l.split.keys_per_split - 1) / l.split.keys_per_split);
   l.split.q_blocks = l.q_blocks;
   l.items = l.q_blocks * p.hkv * p.b * l.split.num_splits;
+  constexpr int64_t kMaxItems = int64_t{1} << 31;  // the kernel counts items in 32 bits
+  if (l.items >= kMaxItems)
+    return Status::Error("work items (" + std::to_string(l.items) + ") exceed stage 04's limit 2^31");
   l.ctas = std::min(l.items, l.slots);
   l.sm_count = device->sm_count;
   *out = l;

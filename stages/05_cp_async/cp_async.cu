@@ -2,16 +2,18 @@
 //   01 naive -> 02 kv_split -> 03 persistent -> 04 wmma -> 05 cp_async -> 06 warp_specialized
 //
 // Stage 05 (this file): loads that overlap compute.
-// Stage 04 loads each K/V tile with ordinary loads, waits at a barrier, then computes: the SMs
-// idle through every tile's memory latency, and its unpadded rows (D elements, a multiple of
-// 128 bytes) put the 8 rows a fragment load reads at once in the same shared-memory banks.
-// This stage adds one idea: K and V tiles are fetched with cp.async into a ring of two
-// shared-memory stages, so tile j+1 is in flight while tile j is computed; and every
-// shared-memory row is padded by 16 bytes so consecutive rows start in different banks.
+// Stage 04 loads each K/V tile with ordinary loads, waits at a barrier, then computes: a CTA
+// idles through every tile's memory latency (04 fits 2 CTAs per SM, so that one computes while
+// the other waits), and its unpadded tiles (16-column slabs, 32-byte rows) leave a 2-way bank
+// conflict in every fragment load. This stage adds one idea: K and V tiles are fetched with
+// cp.async into a ring of two shared-memory stages, so tile j+1 is in flight while tile j is
+// computed; and tiles are plain rows padded by 16 bytes, so the 8 rows a fragment load reads
+// at once start in 8 different bank groups. With the loads overlapped, a CTA no longer waits at
+// its barriers, and Q's fragments go back into registers (no bound on registers, 1 CTA of 8
+// warps per SM at D = 128); development runs, prefill_d128_s4096: 2127 us so, 2268 us with
+// 04's arrangement (Q read from shared memory, 2 CTAs per SM).
 //
-// Figures (H200, results/h200/, commit e1a99b2): prefill_d128_s4096 258 TFLOP/s (5.2x over 04,
-// 0.77x of FA2's 335 in the same run), causal 241 (0.88x); seed 8.63 us; decode_b1_sk131072
-// 3851 GB/s (1.06x FA2, 0.92x cuDNN). Why: notebooks_md/05_cp_async.md.
+// Figures (H200, results/h200/, commit RESULTS_COMMIT): FIGURES_05
 #include <algorithm>
 #include <cmath>
 
@@ -106,7 +108,7 @@ static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge>) <= 227 * 1024, "exce
 // load_matrix_sync into ldmatrix (one instruction per fragment); for bf16 it emits generic 32-bit
 // loads plus MOVM transposes, several times the instructions (nvcc 13.0, sm_90). A fragment only
 // moves 16-bit elements, so bf16 tiles are loaded through an fp16 fragment and the bits copied
-// over: the same registers, by ldmatrix (checked on entry, see learn_fragment_map).
+// over: the same registers, by ldmatrix (checked on entry, see check_fragment_map).
 template <typename Use, typename Layout, typename T>
 __device__ __forceinline__ void load_fragment(wmma::fragment<Use, 16, 16, 16, T, Layout>& frag, const T* tile, unsigned ldm) {
   if constexpr (std::is_same_v<T, __half>) {
@@ -132,23 +134,25 @@ __device__ bool load_fragment_is_exact(const T* tile) {
 }
 
 // Where this thread's elements sit in a 16x16 accumulator fragment. WMMA leaves the layout
-// unspecified, so the kernel learns it on entry (learn_fragment_map) and checks the two facts the
-// softmax relies on: the 8 elements lie in two rows, element e in row[(e >> 1) & 1], shared with
-// the other 3 lanes of its quad (so a row's max and sum are 2 shuffles away); and element e of a
-// matrix_a fragment holds what element e % 8 of the accumulator holds (so P goes from the S
-// accumulator to the A operand of P.V in registers). Both hold for mma.sync's m16n8k16 layout,
-// which WMMA compiles to on sm_80 and sm_90. It also checks load_fragment against
-// load_matrix_sync for the three operand fragments.
-struct FragMap {
-  int row[2];  // the two rows (0..15) of this thread's elements
-  int col[8];  // the column (0..15) of element e
-};
+// unspecified; this kernel is written for the layout of mma.sync's m16n8k16 (PTX ISA), which WMMA
+// compiles to on sm_80 and sm_90, and checks it on entry (check_fragment_map): lane l holds 8
+// elements in two rows, l/4 and l/4 + 8, shared with the other 3 lanes of its quad (so a row's max
+// and sum are 2 shuffles away); element e sits in row l/4 + 8 * ((e >> 1) & 1), column
+// 2 * (l % 4) + (e & 1) + 8 * (e >> 2). And element e of a matrix_a fragment holds what element
+// e % 8 of the accumulator holds (so P goes from the S accumulator to the A operand of P.V in
+// registers). Computed from the lane, the map holds no registers of its own.
 __device__ __forceinline__ int half_of(int e) { return (e >> 1) & 1; }  // which of the two rows
+struct FragMap {
+  int lane;
+  __device__ __forceinline__ int row(int h) const { return lane / 4 + 8 * h; }  // h = half_of(e)
+  __device__ __forceinline__ int col(int e) const { return 2 * (lane % 4) + (e & 1) + 8 * (e >> 2); }
+};
 
-// Learn the map by loading a 16x16 matrix whose entries are their own index (16 * row + col),
-// exact in fp32, fp16 and bf16; trap if a check fails. ids_f32 and ids_t: shared scratch.
+// Check the map by loading a 16x16 matrix whose entries are their own index (16 * row + col),
+// exact in fp32, fp16 and bf16, and check load_fragment against load_matrix_sync for the three
+// operand fragments; trap if a check fails. ids_f32 and ids_t: shared scratch.
 template <typename T>
-__device__ FragMap learn_fragment_map(float* ids_f32, T* ids_t) {
+__device__ FragMap check_fragment_map(float* ids_f32, T* ids_t) {
   for (int c = threadIdx.x; c < 16 * 16; c += blockDim.x) ids_f32[c] = static_cast<float>(c), ids_t[c] = from_float<T>(static_cast<float>(c));
   __syncthreads();
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
@@ -156,23 +160,14 @@ __device__ FragMap learn_fragment_map(float* ids_f32, T* ids_t) {
   wmma::load_matrix_sync(acc, ids_f32, 16, wmma::mem_row_major);
   wmma::load_matrix_sync(a, ids_t, 16);
   static_assert(decltype(acc)::num_elements == 8, "an fp32 16x16 accumulator holds 8 elements per thread");
-  FragMap map;
-  map.row[0] = static_cast<int>(acc.x[0]) / 16;
-  map.row[1] = static_cast<int>(acc.x[2]) / 16;
+  const FragMap map{static_cast<int>(threadIdx.x % kWarp)};
   bool ok = load_fragment_is_exact<wmma::matrix_a, wmma::row_major>(ids_t) &&
             load_fragment_is_exact<wmma::matrix_b, wmma::col_major>(ids_t) &&
             load_fragment_is_exact<wmma::matrix_b, wmma::row_major>(ids_t);
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    map.col[e] = static_cast<int>(acc.x[e]) % 16;
-    ok = ok && static_cast<int>(acc.x[e]) / 16 == map.row[half_of(e)];
-  }
+  for (int e = 0; e < 8; ++e) ok = ok && static_cast<int>(acc.x[e]) == 16 * map.row(half_of(e)) + map.col(e);
 #pragma unroll
   for (int e = 0; e < a.num_elements; ++e) ok = ok && to_float(a.x[e]) == acc.x[e % 8];
-#pragma unroll
-  for (int offset = 1; offset <= 2; offset *= 2)
-    ok = ok && __shfl_xor_sync(0xffffffffu, map.row[0], offset) == map.row[0] &&
-         __shfl_xor_sync(0xffffffffu, map.row[1], offset) == map.row[1];
   if (!__all_sync(0xffffffffu, ok)) __trap();  // a fragment layout this kernel was not written for
   __syncthreads();  // the scratch is reused
   return map;
@@ -282,7 +277,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   float m[2], l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t r = row0 + warp * 16 + map.row[h];
+    const int64_t r = row0 + warp * 16 + map.row(h);
     end[h] = r < rows ? row_end(r) : block_end;
     m[h] = -INFINITY, l[h] = 0.0f;
   }
@@ -354,7 +349,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
       for (int n = 0; n < kBc / 16; ++n)
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          if (kMasked && n * 16 + map.col[e] >= limit[half_of(e)]) s_frag[n].x[e] = -INFINITY;
+          if (kMasked && n * 16 + map.col(e) >= limit[half_of(e)]) s_frag[n].x[e] = -INFINITY;
           tile_max[half_of(e)] = fmaxf(tile_max[half_of(e)], s_frag[n].x[e]);
         }
       float alpha[2], neg_m_scaled[2];
@@ -414,7 +409,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   for (int h = 0; h < 2; ++h) {
     l[h] = quad_sum(l[h]);
     inv_l[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-    if (map.col[0] == 0) sm.row_lse[warp * 16 + map.row[h]] = l[h] > 0.0f ? (m[h] * scale + log2f(l[h])) * kLn2 : -INFINITY;
+    if (map.col(0) == 0) sm.row_lse[warp * 16 + map.row(h)] = l[h] > 0.0f ? (m[h] * scale + log2f(l[h])) * kLn2 : -INFINITY;
   }
 #pragma unroll
   for (int d = 0; d < D / 16; ++d) {
@@ -486,29 +481,35 @@ __global__ void __launch_bounds__(Warps * kWarp) cp_async_kernel(const AttnParam
   constexpr int kBr = 16 * Warps;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem<T, D, Warps>& sm = *reinterpret_cast<Smem<T, D, Warps>*>(smem_raw);
-  __shared__ unsigned long long s_item;
+  __shared__ unsigned s_item;
   __shared__ bool s_last;
   // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane.
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarp), 0);
   const int lane = threadIdx.x % kWarp;
 
-  // 0. Where this thread's fragment elements sit (see FragMap), learnt in the K/V tile space.
-  const FragMap map = learn_fragment_map<T>(reinterpret_cast<float*>(&sm.kv), &sm.q[0][0]);
+  // 0. Where this thread's fragment elements sit (see FragMap), checked in the K/V tile space.
+  const FragMap map = check_fragment_map<T>(reinterpret_cast<float*>(&sm.kv), &sm.q[0][0]);
 
-  const unsigned long long n_items =
-      static_cast<unsigned long long>(split.q_blocks * p.hkv * p.b) * static_cast<unsigned long long>(split.num_splits);
+  // Items and their parts in 32 bits (make_launch keeps the items under 2^31): a 64-bit division
+  // by a runtime value is a software routine of tens of instructions, and each item takes six.
+  const unsigned n_splits = split.num_splits, n_hkv = static_cast<unsigned>(p.hkv), n_b = static_cast<unsigned>(p.b);
+  const unsigned n_items = static_cast<unsigned>(split.q_blocks) * n_hkv * n_b * n_splits;
   // With fewer items than resident CTAs the grid has one CTA per item and no queue is needed.
   const bool queue = gridDim.x < n_items;
-  for (unsigned long long item = blockIdx.x; item < n_items;) {
+  for (unsigned item = blockIdx.x; item < n_items;) {
+    // 0. Ask for the next item now: the atomic's round trip overlaps this item's work.
+    unsigned next = n_items;
+    if (queue && threadIdx.x == 0) next = gridDim.x + static_cast<unsigned>(atomicAdd(split.next_item, 1ull));
+
     // 1. Decode the item: splits fastest (a query block's splits run close together, and its
     //    merge soon after), then kv heads and batches; query blocks last, the longest first when
     //    causal (with the bottom-right mask, later query blocks see more keys).
-    const int split_idx = static_cast<int>(item % split.num_splits);
-    unsigned long long rest = item / split.num_splits;
-    const int64_t h_kv = static_cast<int64_t>(rest % p.hkv);
-    rest /= p.hkv;
-    const int64_t b = static_cast<int64_t>(rest % p.b);
-    const int64_t q_rank = static_cast<int64_t>(rest / p.b);
+    const int split_idx = static_cast<int>(item % n_splits);
+    unsigned rest = item / n_splits;
+    const int64_t h_kv = rest % n_hkv;
+    rest /= n_hkv;
+    const int64_t b = rest % n_b;
+    const int64_t q_rank = rest / n_b;
     const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
     attend_block<T, D, Warps>(p, split, b, h_kv, q_block, split_idx, warp, lane, map, sm);
 
@@ -535,11 +536,12 @@ __global__ void __launch_bounds__(Warps * kWarp) cp_async_kernel(const AttnParam
     }
     if (!queue) break;
 
-    // 3. The next item: the first gridDim.x were handed out by blockIdx. The first barrier
-    //    publishes thread 0's fetch; the second keeps it from fetching again (overwriting s_item)
-    //    before every warp has read it, and keeps the next item's tiles from overwriting shared
-    //    memory the previous item still reads.
-    if (threadIdx.x == 0) s_item = gridDim.x + atomicAdd(split.next_item, 1ull);
+    // 3. The next item (the first gridDim.x were handed out by blockIdx). The first barrier
+    //    publishes thread 0's fetch; the second keeps it from publishing the following one
+    //    (overwriting s_item) before every warp has read it, and keeps the next item's tiles
+    //    from overwriting shared memory the previous item still reads.
+    if (threadIdx.x == 0) s_item = next;
+
     __syncthreads();
     item = s_item;
     __syncthreads();
@@ -626,6 +628,9 @@ Status make_launch(const AttnParams& p, Launch* out) {
   l.split.num_splits = static_cast<int>((p.sk + l.split.keys_per_split - 1) / l.split.keys_per_split);
   l.split.q_blocks = l.q_blocks;
   l.items = l.q_blocks * p.hkv * p.b * l.split.num_splits;
+  constexpr int64_t kMaxItems = int64_t{1} << 31;  // the kernel counts items in 32 bits
+  if (l.items >= kMaxItems)
+    return Status::Error("work items (" + std::to_string(l.items) + ") exceed stage 05's limit 2^31");
   l.ctas = std::min(l.items, l.slots);
   l.sm_count = device->sm_count;
   *out = l;
