@@ -13,7 +13,9 @@
 // warps per SM at D = 128); development runs, prefill_d128_s4096: 2127 us so, 2268 us with
 // 04's arrangement (Q read from shared memory, 2 CTAs per SM).
 //
-// Figures (H200, results/h200/, commit RESULTS_COMMIT): FIGURES_05
+// Figures (H200, results/h200/, commit b4ff160): prefill_d128_s4096 257.5 TFLOP/s (1.74x over 04,
+// 0.76x of FA2's 338 in the same run), causal 240.5 (0.84x of FA2); seed 8.14 us (FA2 5.18);
+// decode_b1_sk131072 3836 GB/s (1.06x FA2, 0.92x cuDNN). Why: notebooks_md/05_cp_async.md.
 #include <algorithm>
 #include <cmath>
 
