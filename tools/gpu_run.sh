@@ -8,7 +8,7 @@
 #   bench      attn_bench -> $OUT/bench.json (extra flags in $BENCH_FLAGS)
 #   peers      tools/peers.py -> $OUT/peers.json
 #   ncu        Nsight Compute counters of stages 03-05 on prefill_d128_s4096 -> $OUT/ncu.log
-#   ncu_decode Nsight Compute counters of stages 02-03 on two decode shapes -> $OUT/ncu_decode.log
+#   ncu_decode Nsight Compute counters of stages 02-05 on two decode shapes -> $OUT/ncu_decode.log
 # Every step runs even if an earlier one failed; the summary at the end says which failed.
 set -uo pipefail
 OUT=${OUT:-out}

@@ -5,9 +5,10 @@
 // Stages 01-03 compute every score and every P.V term with fp32 FMAs on the CUDA cores, each
 // warp reading K and V for itself. This stage adds one idea: S = Q.K^T and O += P.V run on
 // tensor cores through nvcuda::wmma (16x16x16 fragments, fp16/bf16 in, fp32 accumulate). A CTA
-// of 8 (or, for small grids, 4) warps takes 128 (64) query rows, 16 per warp; Q, K and V tiles
-// are staged in shared memory, where all its warps share them, as slabs of 16 columns (see
-// Slabs). Scores, the online softmax, P and O stay in each warp's registers (accumulator
+// of 8 warps takes 128 query rows, 16 per warp; for a grid under one wave, a CTA of 4 key warps
+// takes 16 rows, each warp a quarter of every tile's keys (as 03's key warps), merged at the end.
+// Q, K and V tiles are staged in shared memory, where all its warps share them, as slabs of 16
+// columns (see Slabs). Scores, the online softmax, P and O stay in each warp's registers (accumulator
 // fragments), in the layout the kernel checks on entry. Scheduling (persistent CTAs, split-KV,
 // fused merge) is 03's.
 //
@@ -34,10 +35,14 @@ constexpr int kWarp = 32;
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
 constexpr float kLn2 = 0.6931471805599453f;     // ln(2): LSE back to natural log
 constexpr int kBc = 64;          // keys per K/V tile (per step of the online softmax)
-// Packed query rows per CTA: Br = 16 * Warps, each warp owning one 16-row WMMA row block. The
-// launch takes Warps = 8 (Br = 128) when that grid fills the GPU, else 4 (Br = 64): small
-// problems and decode (Sq * group rows per kv head) then get twice the CTAs, each SM more of them.
+// Two shapes of CTA. Large: 8 warps, each owning one 16-row WMMA row block of Br = 128 packed
+// query rows, and every key of each tile. Small, as 03 does for a grid under one wave: 4 "key
+// warps" on one row block (Br = 16), each taking a quarter of every tile's keys; their partial
+// results are merged in shared memory at the end of the item. A small problem (or decode, with
+// Sq * group rows per kv head) then gets 8 times the CTAs, and each tile a quarter of the time.
+// The launch takes the large CTA when its grid fills every resident slot.
 constexpr int kWarpsLarge = 8, kWarpsSmall = 4;
+constexpr int kKeyWarpsSmall = 4;  // warps of a small CTA, all on the same rows
 namespace wmma = nvcuda::wmma;
 constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
 constexpr int kMaxCtasPerSm = 32;  // the hardware's limit of resident CTAs per SM (sm_80, sm_90)
@@ -90,25 +95,28 @@ __device__ __forceinline__ void load_floats_cg(const float* src, float (&dst)[E]
 template <typename T, int Rows, int D>
 using Slabs = T[D / 16][Rows][16];
 
-// Shared memory of one CTA: Q, K and V as slabs, unpadded.
-template <typename T, int D, int Warps>
+// Shared memory of one CTA of Warps warps, KW of them on each row block: Q, K and V as slabs,
+// unpadded.
+template <typename T, int D, int Warps, int KW>
 struct Smem {
-  static constexpr int kBr = 16 * Warps;
+  static constexpr int kBr = 16 * Warps / KW;
   Slabs<T, kBr, D> q;       // [Br][D]: the CTA's packed query rows
   union {
     struct {
       Slabs<T, kBc, D> k;   // [Bc][D]: the K tile
       Slabs<T, kBc, D> v;   // [Bc][D]: the V tile
     } kv;
-    float o[kBr][D];        // [Br][D]: the output block, staged for the store (after the last tile)
+    float o[KW][kBr][D];    // [KW][Br][D]: each key warp's output block, staged for the store (after the last tile)
   };
-  float row_lse[kBr];       // per row: the LSE, for the store
+  float row_lse[KW][kBr];   // per key warp and row: the LSE, for the store
 };
 // The budget the occupancy calculator and the device limit are checked against (D = 128 is the
-// largest): 32 (Q) + 64 (K, V; later the fp32 O block) KB + 512 B = 96.5 KB. Scores and
+// largest): large CTA 32 (Q) + 64 (K, V; later the fp32 O block) KB + 512 B = 96.5 KB; small
+// CTA 4 + 32 (K, V; later the 4 key warps' O blocks) KB + 256 B = 36.25 KB. Scores and
 // probabilities never touch shared memory: they stay in accumulator fragments.
-static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge>) == 98816, "shared-memory budget of stage 04 (D=128)");
-static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge>) <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
+static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge, 1>) == 98816, "shared-memory budget of stage 04 (D=128)");
+static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsSmall, kKeyWarpsSmall>) == 37120, "shared-memory budget of stage 04 (D=128, key warps)");
+static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge, 1>) <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
 
 // A 16x16 fragment of a shared-memory tile (ldm elements between rows). For fp16, nvcc turns
 // load_matrix_sync into ldmatrix (one instruction per fragment); for bf16 it emits generic 32-bit
@@ -218,9 +226,10 @@ struct PieceMap {
 
 // Copy rows of D elements into a shared-memory tile, 16 bytes per thread per step (PieceMap);
 // row r comes from src_row(r), or is zero when that returns null (past the end: zeros keep P.V
-// finite). The loop unrolls into a few instructions per 16 bytes, with no division.
+// finite). With negate, every element's sign bit is flipped on the way (exact). The loop unrolls
+// into a few instructions per 16 bytes, with no division.
 template <int Threads, typename T, int D, int Rows, typename RowFn>
-__device__ __forceinline__ void load_tile(Slabs<T, Rows, D>& tile, RowFn src_row) {
+__device__ __forceinline__ void load_tile(Slabs<T, Rows, D>& tile, RowFn src_row, bool negate) {
   using Map = PieceMap<Threads, D>;
   static_assert(Rows % Map::kRowStep == 0, "every thread copies the same pieces");
   const Map m;
@@ -229,6 +238,9 @@ __device__ __forceinline__ void load_tile(Slabs<T, Rows, D>& tile, RowFn src_row
     const T* src = src_row(r);
     Pack<8> value{};
     if (src != nullptr) value = load_pack<8>(src + m.col);
+    if (negate)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) value.bits[e] ^= 0x8000u;
     *reinterpret_cast<Pack<8>*>(&tile[m.col / 16][r][m.col % 16]) = value;
   }
 }
@@ -257,19 +269,53 @@ __device__ __forceinline__ void load_rows(Slabs<T, Rows, D>& tile, const T* src,
   }
 }
 
+// Copy a whole K tile and V tile (rows from k + r * k_stride and v + r * v_stride) with
+// load_rows's map, all loads issued before the first store so that they are in flight together;
+// each waits in 4 registers per 16 bytes (see attend_block for when that pays).
+template <int Threads, typename T, int D, int Rows>
+__device__ __forceinline__ void load_kv_batch(Slabs<T, Rows, D>& k_tile, Slabs<T, Rows, D>& v_tile, const T* k,
+                                              int64_t k_stride, const T* v, int64_t v_stride) {
+  using Map = PieceMap<Threads, D>;
+  constexpr int kRowStep = Map::kRowStep, kSteps = Rows / kRowStep;
+  const Map m;
+  const T* k_row = k + m.row * k_stride + m.col;
+  const T* v_row = v + m.row * v_stride + m.col;
+  Pack<8> k_piece[kSteps], v_piece[kSteps];
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j) k_piece[j] = load_pack<8>(k_row + j * kRowStep * k_stride);
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j) v_piece[j] = load_pack<8>(v_row + j * kRowStep * v_stride);
+  T* k_dst = &k_tile[m.col / 16][m.row][m.col % 16];
+  T* v_dst = &v_tile[m.col / 16][m.row][m.col % 16];
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j) *reinterpret_cast<Pack<8>*>(k_dst + j * kRowStep * 16) = k_piece[j];
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j) *reinterpret_cast<Pack<8>*>(v_dst + j * kRowStep * 16) = v_piece[j];
+}
+
 // One work item: the CTA's Br packed rows of kv head h_kv (row r = query position r / group of
 // query head h_kv * group + r % group, so a GQA group shares every K and V tile), over the keys
-// of split split_idx. Warp w computes rows [16w, 16w + 16); map says where this thread's
-// fragment elements sit.
-template <typename T, int D, int Warps>
+// of split split_idx. Warp w computes rows [16 rw, 16 rw + 16), rw = w / KW, and key warp
+// kw = w % KW of them takes keys [kw Bc/KW, (kw + 1) Bc/KW) of every tile; map says where this
+// thread's fragment elements sit.
+template <typename T, int D, int Warps, int KW>
 __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArgs& split, int64_t b, int64_t h_kv,
                                              int64_t q_block, int split_idx, int warp, int lane,
-                                             const FragMap& map, Smem<T, D, Warps>& sm) {
-  constexpr int kBr = 16 * Warps, kThreads = Warps * kWarp;
+                                             const FragMap& map, Smem<T, D, Warps, KW>& sm) {
+  constexpr int kBr = 16 * Warps / KW, kThreads = Warps * kWarp;
+  constexpr int kKeyFrags = kBc / 16 / KW;  // 16-key fragments of a tile per warp
+  static_assert(kKeyFrags >= 1, "a key warp takes at least one fragment of keys");
+  // A tile's K and V loads in one batch (load_kv_batch) where the registers allow it. The large
+  // CTA at D = 128 is at its 128-register bound with O and S in accumulators; batching there adds
+  // spills, and loads K, then V. Development runs: prefill_d64_s4096 3706 us batched, 4054 not;
+  // prefill_d128_s4096 3772 batched, 3732 not.
+  constexpr bool kBatchLoads = !(D == 128 && KW == 1);
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
   using FragKt = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;  // K^T: K rows are its columns
   using FragV = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
   using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  const int rw = warp / KW, kw = warp % KW;  // this warp's row block and share of the keys
+  const int key0 = kw * (kBc / KW);          // its first key in a tile
   const int64_t group = p.hq / p.hkv;
   const int64_t rows = p.sq * group;  // packed rows of this (batch, kv head)
   const int64_t row0 = q_block * kBr;
@@ -291,59 +337,62 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   const int64_t unmasked_end = kv_begin + max(int64_t{0}, row_end(row0) - kv_begin) / kBc * kBc;
   // Each thread keeps the running max m of its two rows' raw scores Q.K^T (the same in the 4
   // lanes of a quad) and its own part of their sums l (summed over the quad at the end). A
-  // negative scale is moved onto Q (flipping a sign bit is exact), so that max(scale * s) =
-  // scale * max(s) and each probability is one FFMA and one EX2: exp2(s * scale - m * scale). Padding rows past the last
-  // take every key of the block: their zeros stay finite and are never stored.
+  // negative scale is moved onto Q as it is stored (flipping a sign bit is exact), so that
+  // max(scale * s) = scale * max(s) and each probability is one FFMA and one EX2:
+  // exp2(s * scale - m * scale). Padding rows past the last take every key of the block: their
+  // zeros stay finite and are never stored.
   int64_t end[2];
   float m[2], l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t r = row0 + warp * 16 + map.row(h);
+    const int64_t r = row0 + rw * 16 + map.row(h);
     end[h] = r < rows ? row_end(r) : block_end;
     m[h] = -INFINITY, l[h] = 0.0f;
   }
 
-  // 2. The Q block (zeros past the last row).
+  // 2. The Q block (zeros past the last row). No barrier yet: the first tile's barrier covers it,
+  //    so Q's loads and the first K/V tile's are in flight together.
   load_tile<kThreads, T, D, kBr>(sm.q, [&](int r) -> const T* {
     if (row0 + r >= rows) return nullptr;
     const int64_t i = (row0 + r) / group, h = h_kv * group + (row0 + r) % group;
     return q_base + i * p.q_seq_stride + h * p.q_head_stride;
-  });
-  __syncthreads();
-  const bool warp_active = row0 + warp * 16 < rows;  // warp-uniform: skip blocks of padding rows
+  }, p.scale < 0.0f);
+  const bool warp_active = row0 + rw * 16 < rows;  // warp-uniform: skip blocks of padding rows
   FragAcc o_frag[D / 16];
 #pragma unroll
   for (int d = 0; d < D / 16; ++d) wmma::fill_fragment(o_frag[d], 0.0f);
   const float scale = fabsf(p.scale);  // log2 units (the launch folded in log2(e))
-  const bool negate_q = p.scale < 0.0f;
 
   // One step of the online softmax over keys [kv_tile, kv_tile + Bc); Masked says whether the
   // tile reaches past some row's last key.
   auto attend_tile = [&](int64_t kv_tile, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     // 3. K and V tiles, shared by the CTA's warps (zeros past block_end).
-    load_rows<kThreads, T, D, kBc>(sm.kv.k, k + kv_tile * p.k_seq_stride, p.k_seq_stride, block_end - kv_tile);
-    load_rows<kThreads, T, D, kBc>(sm.kv.v, v + kv_tile * p.v_seq_stride, p.v_seq_stride, block_end - kv_tile);
+    if (kBatchLoads && block_end - kv_tile >= kBc) {
+      load_kv_batch<kThreads, T, D, kBc>(sm.kv.k, sm.kv.v, k + kv_tile * p.k_seq_stride, p.k_seq_stride,
+                                         v + kv_tile * p.v_seq_stride, p.v_seq_stride);
+    } else {
+      load_rows<kThreads, T, D, kBc>(sm.kv.k, k + kv_tile * p.k_seq_stride, p.k_seq_stride, block_end - kv_tile);
+      load_rows<kThreads, T, D, kBc>(sm.kv.v, v + kv_tile * p.v_seq_stride, p.v_seq_stride, block_end - kv_tile);
+    }
     __syncthreads();
 
     if (warp_active) {
-      // 4. S = Q.K^T for this warp's 16 rows: Bc/16 accumulator fragments of 16 keys, kept in
-      //    registers. Q's fragments are read from shared memory, one per 16 columns of D, each
-      //    used for all Bc/16 key fragments (see min_ctas_per_sm for why not kept in registers).
-      FragAcc s_frag[kBc / 16];
+      // 4. S = Q.K^T for this warp's 16 rows and its keys: kKeyFrags accumulator fragments of 16
+      //    keys, kept in registers. Q's fragments are read from shared memory, one per 16
+      //    columns of D, each used for all the warp's key fragments (see min_ctas_per_sm for
+      //    why not kept in registers).
+      FragAcc s_frag[kKeyFrags];
 #pragma unroll
-      for (int n = 0; n < kBc / 16; ++n) wmma::fill_fragment(s_frag[n], 0.0f);
+      for (int n = 0; n < kKeyFrags; ++n) wmma::fill_fragment(s_frag[n], 0.0f);
 #pragma unroll
       for (int d = 0; d < D / 16; ++d) {
         FragA q_frag;
-        load_fragment(q_frag, &sm.q[d][warp * 16][0], 16);
-        if (negate_q)
+        load_fragment(q_frag, &sm.q[d][rw * 16][0], 16);
 #pragma unroll
-          for (int e = 0; e < q_frag.num_elements; ++e) q_frag.x[e] = from_bits<T>(to_bits(q_frag.x[e]) ^ 0x8000u);
-#pragma unroll
-        for (int n = 0; n < kBc / 16; ++n) {
+        for (int n = 0; n < kKeyFrags; ++n) {
           FragKt kt_frag;
-          load_fragment(kt_frag, &sm.kv.k[d][n * 16][0], 16);
+          load_fragment(kt_frag, &sm.kv.k[d][key0 + n * 16][0], 16);
           wmma::mma_sync(s_frag[n], q_frag, kt_frag, s_frag[n]);
         }
       }
@@ -355,10 +404,10 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
       for (int h = 0; h < 2; ++h) limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
       float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int n = 0; n < kBc / 16; ++n)
+      for (int n = 0; n < kKeyFrags; ++n)
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          if (kMasked && n * 16 + map.col(e) >= limit[half_of(e)]) s_frag[n].x[e] = -INFINITY;
+          if (kMasked && key0 + n * 16 + map.col(e) >= limit[half_of(e)]) s_frag[n].x[e] = -INFINITY;
           tile_max[half_of(e)] = fmaxf(tile_max[half_of(e)], s_frag[n].x[e]);
         }
       float alpha[2], neg_m_scaled[2];
@@ -372,7 +421,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
         l[h] *= alpha[h];
       }
 #pragma unroll
-      for (int n = 0; n < kBc / 16; ++n)
+      for (int n = 0; n < kKeyFrags; ++n)
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           s_frag[n].x[e] = fast_exp2(fmaf(s_frag[n].x[e], scale, neg_m_scaled[half_of(e)]));  // now P
@@ -389,14 +438,14 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
 #pragma unroll
           for (int e = 0; e < 8; ++e) o_frag[d].x[e] *= alpha[half_of(e)];
 #pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) {
+      for (int kk = 0; kk < kKeyFrags; ++kk) {
         FragA p_frag;
 #pragma unroll
         for (int e = 0; e < p_frag.num_elements; ++e) p_frag.x[e] = from_float<T>(s_frag[kk].x[e % 8]);
 #pragma unroll
         for (int d = 0; d < D / 16; ++d) {
           FragV v_frag;
-          load_fragment(v_frag, &sm.kv.v[d][kk * 16][0], 16);
+          load_fragment(v_frag, &sm.kv.v[d][key0 + kk * 16][0], 16);
           wmma::mma_sync(o_frag[d], p_frag, v_frag, o_frag[d]);
         }
       }
@@ -409,40 +458,68 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
 
   // 7. Normalise: l is the quad's sum; O /= l; LSE = m + log l. An empty row has l = 0: O = 0,
   //    LSE = -inf. Stage the block in shared memory (over the K/V tiles, which the barrier
-  //    above freed); the lane holding column 0 of its rows writes their LSE.
+  //    above freed), each key warp in its own slot; the lane holding column 0 of its rows
+  //    writes their LSE.
   float inv_l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] = quad_sum(l[h]);
     inv_l[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-    if (map.col(0) == 0) sm.row_lse[warp * 16 + map.row(h)] = l[h] > 0.0f ? (m[h] * scale + log2f(l[h])) * kLn2 : -INFINITY;
+    if (map.col(0) == 0) sm.row_lse[kw][rw * 16 + map.row(h)] = l[h] > 0.0f ? (m[h] * scale + log2f(l[h])) * kLn2 : -INFINITY;
   }
 #pragma unroll
   for (int d = 0; d < D / 16; ++d) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) o_frag[d].x[e] *= inv_l[half_of(e)];
-    wmma::store_matrix_sync(&sm.o[warp * 16][d * 16], o_frag[d], D, wmma::mem_row_major);
+    wmma::store_matrix_sync(&sm.o[kw][rw * 16][d * 16], o_frag[d], D, wmma::mem_row_major);
   }
-  __syncwarp();
+  // A warp stores rows it computed; with key warps, rows hold parts from every warp of the block.
+  if constexpr (KW == 1) __syncwarp();
+  else __syncthreads();
 
-  // 8. Store this warp's rows: the answer when there is one split, else this split's part.
-  constexpr int E = D / kWarp;
+  // 8. Store: warp (rw, kw) takes rows [16 rw + kw 16/KW, + 16/KW). With key warps, it first merges
+  //    their KW parts of each row as the splits are merged (see merge_row): with M the largest of
+  //    their LSEs, O = sum_w exp(LSE_w - M) O_w / sum_w exp(LSE_w - M), LSE = M + log of that sum.
+  //    The answer when there is one split, else this split's part.
+  constexpr int E = D / kWarp, kRowsPerWarp = 16 / KW;
   const int64_t n_rows = p.b * p.hq * p.sq;
-  for (int t = 0; t < 16; ++t) {
-    const int rr = warp * 16 + t;
+  for (int t = 0; t < kRowsPerWarp; ++t) {
+    const int rr = rw * 16 + kw * kRowsPerWarp + t;
     if (row0 + rr >= rows) break;
     const int64_t i = (row0 + rr) / group, h = h_kv * group + (row0 + rr) % group;
     const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
-    float o_row[E];
+    float o_row[E], lse;
+    if constexpr (KW == 1) {
 #pragma unroll
-    for (int e = 0; e < E; ++e) o_row[e] = sm.o[rr][lane * E + e];
+      for (int e = 0; e < E; ++e) o_row[e] = sm.o[0][rr][lane * E + e];
+      lse = sm.row_lse[0][rr];
+    } else {
+      float m_all = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < KW; ++w) m_all = fmaxf(m_all, sm.row_lse[w][rr]);
+      const float shift = m_all == -INFINITY ? 0.0f : m_all;
+      float sum_w = 0.0f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_row[e] = 0.0f;
+#pragma unroll
+      for (int w = 0; w < KW; ++w) {
+        const float weight = expf(sm.row_lse[w][rr] - shift);  // 0 for a warp that saw no key
+        sum_w += weight;
+#pragma unroll
+        for (int e = 0; e < E; ++e) o_row[e] += weight * sm.o[w][rr][lane * E + e];
+      }
+      const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_row[e] *= inv;
+      lse = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+    }
     if (split.num_splits == 1) {
       T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
       store_from_float<E>(o + lane * E, o_row);
-      if (p.lse != nullptr && lane == 0) p.lse[row] = sm.row_lse[rr];
+      if (p.lse != nullptr && lane == 0) p.lse[row] = lse;
     } else {
       store_floats<E>(split.o_partial + (split_idx * n_rows + row) * D + lane * E, o_row);
-      if (lane == 0) split.lse_partial[split_idx * n_rows + row] = sm.row_lse[rr];
+      if (lane == 0) split.lse_partial[split_idx * n_rows + row] = lse;
     }
   }
 }
@@ -481,20 +558,22 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& 
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
-// Resident CTAs per SM, the bound given to the compiler: 2 of 8 warps (128 registers), 3 of 4
-// (168). Unbounded, nvcc takes 203-205 registers at D = 128 and 1 CTA of 8 warps fits an SM: 8
+// Resident CTAs per SM, the bound given to the compiler: 2 large CTAs (128 registers), 3 small
+// ones (168: a small CTA's warp holds the same O block, and its K/V loads wait in 64 more; with
+// 4, at 128 registers, nvcc issues them in smaller batches). Unbounded, nvcc takes 203-205 registers at D = 128 and 1 CTA of 8 warps fits an SM: 8
 // warps to hide the latency of every shared-memory fragment load, and nothing runs while that CTA
 // waits at a barrier for its K/V tile. For the bound, Q's fragments are read from shared memory
 // in every tile instead of held in 64 registers. Development runs, prefill_d128_s4096: 128 TFLOP/s
 // with Q in registers (1 CTA of 8 warps per SM), 147 with 2 CTAs (100 bytes of spill stores).
 constexpr int min_ctas_per_sm(int warps) { return warps == kWarpsLarge ? 2 : 3; }
 
-// grid = min(work items, resident CTAs), block Warps warps. Each CTA loops over work items.
-template <typename T, int D, int Warps>
+// grid = min(work items, resident CTAs), block Warps warps, KW of them on each row block. Each
+// CTA loops over work items.
+template <typename T, int D, int Warps, int KW>
 __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps)) wmma_kernel(const AttnParams p, const SplitArgs split) {
-  constexpr int kBr = 16 * Warps;
+  constexpr int kBr = 16 * Warps / KW;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem<T, D, Warps>& sm = *reinterpret_cast<Smem<T, D, Warps>*>(smem_raw);
+  Smem<T, D, Warps, KW>& sm = *reinterpret_cast<Smem<T, D, Warps, KW>*>(smem_raw);
   __shared__ unsigned s_item;
   __shared__ bool s_last;
   // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane.
@@ -525,7 +604,7 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps)) wmma_ke
     const int64_t b = rest % n_b;
     const int64_t q_rank = rest / n_b;
     const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
-    attend_block<T, D, Warps>(p, split, b, h_kv, q_block, split_idx, warp, lane, map, sm);
+    attend_block<T, D, Warps, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, map, sm);
 
     // 2. Fused merge. Every thread makes its partials visible device-wide, then thread 0 counts
     //    this split in; the CTA that brings the count to num_splits merges the query block and
@@ -568,19 +647,19 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps)) wmma_ke
 
 using Kernel = void (*)(AttnParams, SplitArgs);
 
-template <int Warps>
+template <int Warps, int KW>
 Kernel select_kernel(const AttnParams& p) {
-  if (p.dtype == DType::f16) return p.d == 64 ? wmma_kernel<__half, 64, Warps> : wmma_kernel<__half, 128, Warps>;
-  return p.d == 64 ? wmma_kernel<__nv_bfloat16, 64, Warps> : wmma_kernel<__nv_bfloat16, 128, Warps>;
+  if (p.dtype == DType::f16) return p.d == 64 ? wmma_kernel<__half, 64, Warps, KW> : wmma_kernel<__half, 128, Warps, KW>;
+  return p.d == 64 ? wmma_kernel<__nv_bfloat16, 64, Warps, KW> : wmma_kernel<__nv_bfloat16, 128, Warps, KW>;
 }
 Kernel select_kernel(const AttnParams& p, int warps) {
-  return warps == kWarpsLarge ? select_kernel<kWarpsLarge>(p) : select_kernel<kWarpsSmall>(p);
+  return warps == kWarpsLarge ? select_kernel<kWarpsLarge, 1>(p) : select_kernel<kWarpsSmall, kKeyWarpsSmall>(p);
 }
 
 // Dynamic shared memory of the kernel for p (the element type does not change it).
 size_t smem_bytes(const AttnParams& p, int warps) {
-  if (warps == kWarpsLarge) return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsLarge>) : sizeof(Smem<__half, 128, kWarpsLarge>);
-  return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsSmall>) : sizeof(Smem<__half, 128, kWarpsSmall>);
+  if (warps == kWarpsLarge) return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsLarge, 1>) : sizeof(Smem<__half, 128, kWarpsLarge, 1>);
+  return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsSmall, kKeyWarpsSmall>) : sizeof(Smem<__half, 128, kWarpsSmall, kKeyWarpsSmall>);
 }
 
 // How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
@@ -602,7 +681,9 @@ int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_spl
 
 // Everything launch() decides for a problem.
 struct Launch {
-  int warps = kWarpsLarge;  // warps per CTA: Br = 16 * warps packed query rows
+  int warps = kWarpsLarge;  // warps per CTA
+  int key_warps = 1;        // warps on each row block, each on a share of every tile's keys
+  int br = 0;               // packed query rows per CTA: 16 * warps / key_warps
   size_t smem = 0;         // dynamic shared memory per CTA
   int64_t q_blocks = 0;    // ceil(Sq * group / Br)
   int ctas_per_sm = 0;     // resident CTAs per SM of the main kernel
@@ -622,20 +703,25 @@ Status make_launch(const AttnParams& p, Launch* out) {
   Launch l;
   for (int warps : {kWarpsLarge, kWarpsSmall}) {
     l.warps = warps;
+    l.key_warps = warps == kWarpsLarge ? 1 : kKeyWarpsSmall;
+    l.br = 16 * warps / l.key_warps;
     l.kernel = select_kernel(p, warps);
     l.smem = smem_bytes(p, warps);
     if (l.smem > device->smem_per_block_optin) {
       return Status::Error("stage 04_wmma needs " + std::to_string(l.smem) + " bytes of shared memory per CTA, the device allows " +
                            std::to_string(device->smem_per_block_optin));
     }
-    l.q_blocks = (packed_rows + 16 * warps - 1) / (16 * warps);
+    l.q_blocks = (packed_rows + l.br - 1) / l.br;
     ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(l.kernel), warps * kWarp, l.smem, &l.ctas_per_sm));
     l.ctas_per_sm = std::min(l.ctas_per_sm, kMaxCtasPerSm);  // the workspace's arrival counters assume it
     l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
       if (l.q_blocks * p.hkv * p.b >= l.slots) break;
   }
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
-  const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, std::max<int64_t>(1, kv_tiles / kMinTilesPerSplit));
+  // At most one item per resident CTA: more splits would add items' fixed costs (a Q block load,
+  // a partial output to write and merge) without adding parallelism.
+  const int64_t unsplit = l.q_blocks * p.hkv * p.b;
+  const int splits = choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, l.slots / unsplit)));
   // Whole tiles per split; recount so that no split is empty by construction.
   l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
   l.split.num_splits = static_cast<int>((p.sk + l.split.keys_per_split - 1) / l.split.keys_per_split);
@@ -687,8 +773,9 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
   out->notes = "persistent: " + std::to_string(l.ctas) + " CTAs over " + std::to_string(l.items) + " work items" +
                (p.causal ? " (longest first)" : "") + ", num_splits=" + std::to_string(l.split.num_splits) + " (" + std::to_string(l.q_blocks * p.hkv * p.b) +
                " CTAs unsplit, " + std::to_string(l.slots) + " resident slots = " + std::to_string(l.ctas_per_sm) +
-               "/SM), " + std::to_string(l.split.keys_per_split) + " keys per split, Br=" + std::to_string(16 * l.warps) +
-               " packed rows (GQA group " + std::to_string(p.hq / p.hkv) + "), Bc=" + std::to_string(kBc) +
+               "/SM), " + std::to_string(l.split.keys_per_split) + " keys per split, Br=" + std::to_string(l.br) +
+               " packed rows (GQA group " + std::to_string(p.hq / p.hkv) + ") x " + std::to_string(l.key_warps) +
+               " key warps, Bc=" + std::to_string(kBc) +
                (l.split.num_splits > 1 ? ", merge fused" : "");
   return Status::Ok();
 }

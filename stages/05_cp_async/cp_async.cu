@@ -37,10 +37,14 @@ constexpr int kWarp = 32;
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
 constexpr float kLn2 = 0.6931471805599453f;     // ln(2): LSE back to natural log
 constexpr int kBc = 64;          // keys per K/V tile (per step of the online softmax)
-// Packed query rows per CTA: Br = 16 * Warps, each warp owning one 16-row WMMA row block. The
-// launch takes Warps = 8 (Br = 128) when that grid fills the GPU, else 4 (Br = 64): small
-// problems and decode (Sq * group rows per kv head) then get twice the CTAs, each SM more of them.
+// Two shapes of CTA. Large: 8 warps, each owning one 16-row WMMA row block of Br = 128 packed
+// query rows, and every key of each tile. Small, as 03 does for a grid under one wave: 4 "key
+// warps" on one row block (Br = 16), each taking a quarter of every tile's keys; their partial
+// results are merged in shared memory at the end of the item. A small problem (or decode, with
+// Sq * group rows per kv head) then gets 8 times the CTAs, and each tile a quarter of the time.
+// The launch takes the large CTA when its grid fills every resident slot.
 constexpr int kWarpsLarge = 8, kWarpsSmall = 4;
+constexpr int kKeyWarpsSmall = 4;  // warps of a small CTA, all on the same rows
 constexpr int kStages = 2;       // K/V tiles in flight: the one computed and the next
 constexpr int kPad = 8;          // elements of padding per 16-bit row: 16 bytes, so row r+1 starts 4 banks after row r
 constexpr int kPadF = 4;         // the same 16 bytes for fp32 rows
@@ -87,24 +91,27 @@ __device__ __forceinline__ void load_floats_cg(const float* src, float (&dst)[E]
   }
 }
 
-// Shared memory of one CTA. Every row is padded by 16 bytes (kPad, kPadF).
-template <typename T, int D, int Warps>
+// Shared memory of one CTA of Warps warps, KW of them on each row block. Every row is padded by
+// 16 bytes (kPad, kPadF).
+template <typename T, int D, int Warps, int KW>
 struct Smem {
-  static constexpr int kBr = 16 * Warps;
+  static constexpr int kBr = 16 * Warps / KW;
   T q[kBr][D + kPad];                // [Br][D]: the CTA's packed query rows
   union {
     struct {
       T k[kStages][kBc][D + kPad];   // [stage][Bc][D]: the ring of K tiles
       T v[kStages][kBc][D + kPad];   // [stage][Bc][D]: the ring of V tiles
     } kv;
-    float o[kBr][D + kPadF];         // [Br][D]: the output block, staged for the store (after the last tile)
+    float o[KW][kBr][D + kPadF];     // [KW][Br][D]: each key warp's output block, staged for the store (after the last tile)
   };
-  float row_lse[kBr];                // per row: the LSE, for the store
+  float row_lse[KW][kBr];            // per key warp and row: the LSE, for the store
 };
 // The budget the occupancy calculator and the device limit are checked against (D = 128 is the
-// largest): 34 (Q) + 68 (K/V ring; later the fp32 O block) KB + 512 B = 102.5 KB.
-static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge>) == 104960, "shared-memory budget of stage 05 (D=128)");
-static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge>) <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
+// largest): large CTA 34 (Q) + 68 (K/V ring; later the fp32 O block) KB + 512 B = 102.5 KB;
+// small CTA 4.25 + 68 KB + 256 B = 72.5 KB.
+static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge, 1>) == 104960, "shared-memory budget of stage 05 (D=128)");
+static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsSmall, kKeyWarpsSmall>) == 74240, "shared-memory budget of stage 05 (D=128, key warps)");
+static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge, 1>) <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
 
 // A 16x16 fragment of a shared-memory tile (ldm elements between rows). For fp16, nvcc turns
 // load_matrix_sync into ldmatrix (one instruction per fragment); for bf16 it emits generic 32-bit
@@ -240,17 +247,22 @@ __device__ __forceinline__ void load_rows_async(T (&tile)[Rows][Ld], const T* an
 
 // One work item: the CTA's Br packed rows of kv head h_kv (row r = query position r / group of
 // query head h_kv * group + r % group, so a GQA group shares every K and V tile), over the keys
-// of split split_idx. Warp w computes rows [16w, 16w + 16); map says where this thread's
-// fragment elements sit.
-template <typename T, int D, int Warps>
+// of split split_idx. Warp w computes rows [16 rw, 16 rw + 16), rw = w / KW, and key warp
+// kw = w % KW of them takes keys [kw Bc/KW, (kw + 1) Bc/KW) of every tile; map says where this
+// thread's fragment elements sit.
+template <typename T, int D, int Warps, int KW>
 __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArgs& split, int64_t b, int64_t h_kv,
                                              int64_t q_block, int split_idx, int warp, int lane,
-                                             const FragMap& map, Smem<T, D, Warps>& sm) {
-  constexpr int kBr = 16 * Warps, kThreads = Warps * kWarp;
+                                             const FragMap& map, Smem<T, D, Warps, KW>& sm) {
+  constexpr int kBr = 16 * Warps / KW, kThreads = Warps * kWarp;
+  constexpr int kKeyFrags = kBc / 16 / KW;  // 16-key fragments of a tile per warp
+  static_assert(kKeyFrags >= 1, "a key warp takes at least one fragment of keys");
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
   using FragKt = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;  // K^T: K rows are its columns
   using FragV = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
   using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  const int rw = warp / KW, kw = warp % KW;  // this warp's row block and share of the keys
+  const int key0 = kw * (kBc / KW);          // its first key in a tile
   const int64_t group = p.hq / p.hkv;
   const int64_t rows = p.sq * group;  // packed rows of this (batch, kv head)
   const int64_t row0 = q_block * kBr;
@@ -279,7 +291,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   float m[2], l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t r = row0 + warp * 16 + map.row(h);
+    const int64_t r = row0 + rw * 16 + map.row(h);
     end[h] = r < rows ? row_end(r) : block_end;
     m[h] = -INFINITY, l[h] = 0.0f;
   }
@@ -301,12 +313,12 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   __pipeline_commit();
   __pipeline_wait_prior(1);
   __syncthreads();
-  const bool warp_active = row0 + warp * 16 < rows;  // warp-uniform: skip blocks of padding rows
+  const bool warp_active = row0 + rw * 16 < rows;  // warp-uniform: skip blocks of padding rows
   FragA q_frag[D / 16];
   FragAcc o_frag[D / 16];
 #pragma unroll
   for (int d = 0; d < D / 16; ++d) {
-    load_fragment(q_frag[d], &sm.q[warp * 16][d * 16], D + kPad);
+    load_fragment(q_frag[d], &sm.q[rw * 16][d * 16], D + kPad);
     wmma::fill_fragment(o_frag[d], 0.0f);
     if (p.scale < 0.0f)
 #pragma unroll
@@ -327,16 +339,16 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
     __syncthreads();
 
     if (warp_active) {
-      // 4. S = Q.K^T for this warp's 16 rows: Bc/16 accumulator fragments of 16 keys, kept in
-      //    registers.
-      FragAcc s_frag[kBc / 16];
+      // 4. S = Q.K^T for this warp's 16 rows and its keys: kKeyFrags accumulator fragments of
+      //    16 keys, kept in registers.
+      FragAcc s_frag[kKeyFrags];
 #pragma unroll
-      for (int n = 0; n < kBc / 16; ++n) {
+      for (int n = 0; n < kKeyFrags; ++n) {
         wmma::fill_fragment(s_frag[n], 0.0f);
 #pragma unroll
         for (int d = 0; d < D / 16; ++d) {
           FragKt kt_frag;
-          load_fragment(kt_frag, &sm.kv.k[stage][n * 16][d * 16], D + kPad);
+          load_fragment(kt_frag, &sm.kv.k[stage][key0 + n * 16][d * 16], D + kPad);
           wmma::mma_sync(s_frag[n], q_frag[d], kt_frag, s_frag[n]);
         }
       }
@@ -348,10 +360,10 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
       for (int h = 0; h < 2; ++h) limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
       float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int n = 0; n < kBc / 16; ++n)
+      for (int n = 0; n < kKeyFrags; ++n)
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          if (kMasked && n * 16 + map.col(e) >= limit[half_of(e)]) s_frag[n].x[e] = -INFINITY;
+          if (kMasked && key0 + n * 16 + map.col(e) >= limit[half_of(e)]) s_frag[n].x[e] = -INFINITY;
           tile_max[half_of(e)] = fmaxf(tile_max[half_of(e)], s_frag[n].x[e]);
         }
       float alpha[2], neg_m_scaled[2];
@@ -365,7 +377,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
         l[h] *= alpha[h];
       }
 #pragma unroll
-      for (int n = 0; n < kBc / 16; ++n)
+      for (int n = 0; n < kKeyFrags; ++n)
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           s_frag[n].x[e] = fast_exp2(fmaf(s_frag[n].x[e], scale, neg_m_scaled[half_of(e)]));  // now P
@@ -382,14 +394,14 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
 #pragma unroll
           for (int e = 0; e < 8; ++e) o_frag[d].x[e] *= alpha[half_of(e)];
 #pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) {
+      for (int kk = 0; kk < kKeyFrags; ++kk) {
         FragA p_frag;
 #pragma unroll
         for (int e = 0; e < p_frag.num_elements; ++e) p_frag.x[e] = from_float<T>(s_frag[kk].x[e % 8]);
 #pragma unroll
         for (int d = 0; d < D / 16; ++d) {
           FragV v_frag;
-          load_fragment(v_frag, &sm.kv.v[stage][kk * 16][d * 16], D + kPad);
+          load_fragment(v_frag, &sm.kv.v[stage][key0 + kk * 16][d * 16], D + kPad);
           wmma::mma_sync(o_frag[d], p_frag, v_frag, o_frag[d]);
         }
       }
@@ -404,41 +416,69 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   __syncthreads();
 
   // 7. Normalise: l is the quad's sum; O /= l; LSE = m + log l. An empty row has l = 0: O = 0,
-  //    LSE = -inf. Stage the block in shared memory (over the K/V tiles, which the barrier
-  //    above freed); the lane holding column 0 of its rows writes their LSE.
+  //    LSE = -inf. Stage the block in shared memory (over the K/V ring, which the barrier
+  //    above freed), each key warp in its own slot; the lane holding column 0 of its rows
+  //    writes their LSE.
   float inv_l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] = quad_sum(l[h]);
     inv_l[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-    if (map.col(0) == 0) sm.row_lse[warp * 16 + map.row(h)] = l[h] > 0.0f ? (m[h] * scale + log2f(l[h])) * kLn2 : -INFINITY;
+    if (map.col(0) == 0) sm.row_lse[kw][rw * 16 + map.row(h)] = l[h] > 0.0f ? (m[h] * scale + log2f(l[h])) * kLn2 : -INFINITY;
   }
 #pragma unroll
   for (int d = 0; d < D / 16; ++d) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) o_frag[d].x[e] *= inv_l[half_of(e)];
-    wmma::store_matrix_sync(&sm.o[warp * 16][d * 16], o_frag[d], D + kPadF, wmma::mem_row_major);
+    wmma::store_matrix_sync(&sm.o[kw][rw * 16][d * 16], o_frag[d], D + kPadF, wmma::mem_row_major);
   }
-  __syncwarp();
+  // A warp stores rows it computed; with key warps, rows hold parts from every warp of the block.
+  if constexpr (KW == 1) __syncwarp();
+  else __syncthreads();
 
-  // 8. Store this warp's rows: the answer when there is one split, else this split's part.
-  constexpr int E = D / kWarp;
+  // 8. Store: warp (rw, kw) takes rows [16 rw + kw 16/KW, + 16/KW). With key warps, it first merges
+  //    their KW parts of each row as the splits are merged (see merge_row): with M the largest of
+  //    their LSEs, O = sum_w exp(LSE_w - M) O_w / sum_w exp(LSE_w - M), LSE = M + log of that sum.
+  //    The answer when there is one split, else this split's part.
+  constexpr int E = D / kWarp, kRowsPerWarp = 16 / KW;
   const int64_t n_rows = p.b * p.hq * p.sq;
-  for (int t = 0; t < 16; ++t) {
-    const int rr = warp * 16 + t;
+  for (int t = 0; t < kRowsPerWarp; ++t) {
+    const int rr = rw * 16 + kw * kRowsPerWarp + t;
     if (row0 + rr >= rows) break;
     const int64_t i = (row0 + rr) / group, h = h_kv * group + (row0 + rr) % group;
     const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
-    float o_row[E];
+    float o_row[E], lse;
+    if constexpr (KW == 1) {
 #pragma unroll
-    for (int e = 0; e < E; ++e) o_row[e] = sm.o[rr][lane * E + e];
+      for (int e = 0; e < E; ++e) o_row[e] = sm.o[0][rr][lane * E + e];
+      lse = sm.row_lse[0][rr];
+    } else {
+      float m_all = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < KW; ++w) m_all = fmaxf(m_all, sm.row_lse[w][rr]);
+      const float shift = m_all == -INFINITY ? 0.0f : m_all;
+      float sum_w = 0.0f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_row[e] = 0.0f;
+#pragma unroll
+      for (int w = 0; w < KW; ++w) {
+        const float weight = expf(sm.row_lse[w][rr] - shift);  // 0 for a warp that saw no key
+        sum_w += weight;
+#pragma unroll
+        for (int e = 0; e < E; ++e) o_row[e] += weight * sm.o[w][rr][lane * E + e];
+      }
+      const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_row[e] *= inv;
+      lse = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+    }
     if (split.num_splits == 1) {
       T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
       store_from_float<E>(o + lane * E, o_row);
-      if (p.lse != nullptr && lane == 0) p.lse[row] = sm.row_lse[rr];
+      if (p.lse != nullptr && lane == 0) p.lse[row] = lse;
     } else {
       store_floats<E>(split.o_partial + (split_idx * n_rows + row) * D + lane * E, o_row);
-      if (lane == 0) split.lse_partial[split_idx * n_rows + row] = sm.row_lse[rr];
+      if (lane == 0) split.lse_partial[split_idx * n_rows + row] = lse;
     }
   }
 }
@@ -477,12 +517,13 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& 
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
-// grid = min(work items, resident CTAs), block Warps warps. Each CTA loops over work items.
-template <typename T, int D, int Warps>
+// grid = min(work items, resident CTAs), block Warps warps, KW of them on each row block. Each
+// CTA loops over work items.
+template <typename T, int D, int Warps, int KW>
 __global__ void __launch_bounds__(Warps * kWarp) cp_async_kernel(const AttnParams p, const SplitArgs split) {
-  constexpr int kBr = 16 * Warps;
+  constexpr int kBr = 16 * Warps / KW;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem<T, D, Warps>& sm = *reinterpret_cast<Smem<T, D, Warps>*>(smem_raw);
+  Smem<T, D, Warps, KW>& sm = *reinterpret_cast<Smem<T, D, Warps, KW>*>(smem_raw);
   __shared__ unsigned s_item;
   __shared__ bool s_last;
   // The warp index, broadcast from lane 0 so the compiler knows it is the same in every lane.
@@ -513,7 +554,7 @@ __global__ void __launch_bounds__(Warps * kWarp) cp_async_kernel(const AttnParam
     const int64_t b = rest % n_b;
     const int64_t q_rank = rest / n_b;
     const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
-    attend_block<T, D, Warps>(p, split, b, h_kv, q_block, split_idx, warp, lane, map, sm);
+    attend_block<T, D, Warps, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, map, sm);
 
     // 2. Fused merge. Every thread makes its partials visible device-wide, then thread 0 counts
     //    this split in; the CTA that brings the count to num_splits merges the query block and
@@ -557,19 +598,19 @@ __global__ void __launch_bounds__(Warps * kWarp) cp_async_kernel(const AttnParam
 
 using Kernel = void (*)(AttnParams, SplitArgs);
 
-template <int Warps>
+template <int Warps, int KW>
 Kernel select_kernel(const AttnParams& p) {
-  if (p.dtype == DType::f16) return p.d == 64 ? cp_async_kernel<__half, 64, Warps> : cp_async_kernel<__half, 128, Warps>;
-  return p.d == 64 ? cp_async_kernel<__nv_bfloat16, 64, Warps> : cp_async_kernel<__nv_bfloat16, 128, Warps>;
+  if (p.dtype == DType::f16) return p.d == 64 ? cp_async_kernel<__half, 64, Warps, KW> : cp_async_kernel<__half, 128, Warps, KW>;
+  return p.d == 64 ? cp_async_kernel<__nv_bfloat16, 64, Warps, KW> : cp_async_kernel<__nv_bfloat16, 128, Warps, KW>;
 }
 Kernel select_kernel(const AttnParams& p, int warps) {
-  return warps == kWarpsLarge ? select_kernel<kWarpsLarge>(p) : select_kernel<kWarpsSmall>(p);
+  return warps == kWarpsLarge ? select_kernel<kWarpsLarge, 1>(p) : select_kernel<kWarpsSmall, kKeyWarpsSmall>(p);
 }
 
 // Dynamic shared memory of the kernel for p (the element type does not change it).
 size_t smem_bytes(const AttnParams& p, int warps) {
-  if (warps == kWarpsLarge) return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsLarge>) : sizeof(Smem<__half, 128, kWarpsLarge>);
-  return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsSmall>) : sizeof(Smem<__half, 128, kWarpsSmall>);
+  if (warps == kWarpsLarge) return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsLarge, 1>) : sizeof(Smem<__half, 128, kWarpsLarge, 1>);
+  return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsSmall, kKeyWarpsSmall>) : sizeof(Smem<__half, 128, kWarpsSmall, kKeyWarpsSmall>);
 }
 
 // How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
@@ -591,7 +632,9 @@ int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_spl
 
 // Everything launch() decides for a problem.
 struct Launch {
-  int warps = kWarpsLarge;  // warps per CTA: Br = 16 * warps packed query rows
+  int warps = kWarpsLarge;  // warps per CTA
+  int key_warps = 1;        // warps on each row block, each on a share of every tile's keys
+  int br = 0;               // packed query rows per CTA: 16 * warps / key_warps
   size_t smem = 0;         // dynamic shared memory per CTA
   int64_t q_blocks = 0;    // ceil(Sq * group / Br)
   int ctas_per_sm = 0;     // resident CTAs per SM of the main kernel
@@ -611,20 +654,25 @@ Status make_launch(const AttnParams& p, Launch* out) {
   Launch l;
   for (int warps : {kWarpsLarge, kWarpsSmall}) {
     l.warps = warps;
+    l.key_warps = warps == kWarpsLarge ? 1 : kKeyWarpsSmall;
+    l.br = 16 * warps / l.key_warps;
     l.kernel = select_kernel(p, warps);
     l.smem = smem_bytes(p, warps);
     if (l.smem > device->smem_per_block_optin) {
       return Status::Error("stage 05_cp_async needs " + std::to_string(l.smem) + " bytes of shared memory per CTA, the device allows " +
                            std::to_string(device->smem_per_block_optin));
     }
-    l.q_blocks = (packed_rows + 16 * warps - 1) / (16 * warps);
+    l.q_blocks = (packed_rows + l.br - 1) / l.br;
     ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(l.kernel), warps * kWarp, l.smem, &l.ctas_per_sm));
     l.ctas_per_sm = std::min(l.ctas_per_sm, kMaxCtasPerSm);  // the workspace's arrival counters assume it
     l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
     if (l.q_blocks * p.hkv * p.b >= l.slots) break;
   }
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
-  const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, std::max<int64_t>(1, kv_tiles / kMinTilesPerSplit));
+  // At most one item per resident CTA: more splits would add items' fixed costs (a Q block load,
+  // a partial output to write and merge) without adding parallelism.
+  const int64_t unsplit = l.q_blocks * p.hkv * p.b;
+  const int splits = choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, l.slots / unsplit)));
   // Whole tiles per split; recount so that no split is empty by construction.
   l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
   l.split.num_splits = static_cast<int>((p.sk + l.split.keys_per_split - 1) / l.split.keys_per_split);
@@ -676,8 +724,9 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
   out->notes = "persistent: " + std::to_string(l.ctas) + " CTAs over " + std::to_string(l.items) + " work items" +
                (p.causal ? " (longest first)" : "") + ", num_splits=" + std::to_string(l.split.num_splits) + " (" + std::to_string(l.q_blocks * p.hkv * p.b) +
                " CTAs unsplit, " + std::to_string(l.slots) + " resident slots = " + std::to_string(l.ctas_per_sm) +
-               "/SM), " + std::to_string(l.split.keys_per_split) + " keys per split, Br=" + std::to_string(16 * l.warps) +
-               " packed rows (GQA group " + std::to_string(p.hq / p.hkv) + "), Bc=" + std::to_string(kBc) +
+               "/SM), " + std::to_string(l.split.keys_per_split) + " keys per split, Br=" + std::to_string(l.br) +
+               " packed rows (GQA group " + std::to_string(p.hq / p.hkv) + ") x " + std::to_string(l.key_warps) +
+               " key warps, Bc=" + std::to_string(kBc) +
                (l.split.num_splits > 1 ? ", merge fused" : "");
   return Status::Ok();
 }
