@@ -699,24 +699,30 @@ Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
   const int64_t packed_rows = p.sq * (p.hq / p.hkv);  // (query position, head) rows per (batch, kv head)
-  // The large CTA when its grid fills every resident slot, else the small one.
-  Launch l;
-  for (int warps : {kWarpsLarge, kWarpsSmall}) {
-    l.warps = warps;
-    l.key_warps = warps == kWarpsLarge ? 1 : kKeyWarpsSmall;
-    l.br = 16 * warps / l.key_warps;
-    l.kernel = select_kernel(p, warps);
-    l.smem = smem_bytes(p, warps);
-    if (l.smem > device->smem_per_block_optin) {
-      return Status::Error("stage 04_wmma needs " + std::to_string(l.smem) + " bytes of shared memory per CTA, the device allows " +
+  auto configure = [&](int warps, Launch* c) -> Status {
+    c->warps = warps;
+    c->key_warps = warps == kWarpsLarge ? 1 : kKeyWarpsSmall;
+    c->br = 16 * warps / c->key_warps;
+    c->kernel = select_kernel(p, warps);
+    c->smem = smem_bytes(p, warps);
+    if (c->smem > device->smem_per_block_optin) {
+      return Status::Error("stage 04_wmma needs " + std::to_string(c->smem) + " bytes of shared memory per CTA, the device allows " +
                            std::to_string(device->smem_per_block_optin));
     }
-    l.q_blocks = (packed_rows + l.br - 1) / l.br;
-    ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(l.kernel), warps * kWarp, l.smem, &l.ctas_per_sm));
-    l.ctas_per_sm = std::min(l.ctas_per_sm, kMaxCtasPerSm);  // the workspace's arrival counters assume it
-    l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
-      if (l.q_blocks * p.hkv * p.b >= l.slots) break;
-  }
+    c->q_blocks = (packed_rows + c->br - 1) / c->br;
+    ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(c->kernel), warps * kWarp, c->smem, &c->ctas_per_sm));
+    c->ctas_per_sm = std::min(c->ctas_per_sm, kMaxCtasPerSm);  // the workspace's arrival counters assume it
+    c->slots = static_cast<int64_t>(c->ctas_per_sm) * device->sm_count;
+    return Status::Ok();
+  };
+  Launch large, small;
+  ATTN_TRY(configure(kWarpsLarge, &large));
+  ATTN_TRY(configure(kWarpsSmall, &small));
+  // The large CTA when its grid fills most of one wave (80%, as for splitting); else the small one
+  // when its grid fits in one wave; else the large one (a few long items, not two rounds of short).
+  const int64_t unsplit_large = large.q_blocks * p.hkv * p.b, unsplit_small = small.q_blocks * p.hkv * p.b;
+  const bool use_large = unsplit_large * 10 >= large.slots * 8 || unsplit_small > small.slots;
+  Launch l = use_large ? large : small;
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
   // At most one item per resident CTA: more splits would add items' fixed costs (a Q block load,
   // a partial output to write and merge) without adding parallelism.
