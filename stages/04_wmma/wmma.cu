@@ -12,9 +12,9 @@
 // fragments), in the layout the kernel checks on entry. Scheduling (persistent CTAs, split-KV,
 // fused merge) is 03's.
 //
-// Figures (H200, results/h200/, commit b4ff160): prefill_d128_s4096 147.6 TFLOP/s (24.4x over 03;
-// 0.44x of FA2 in the same run), causal 142.4; seed 10.5 us (03: 4.68); decode_b1_sk131072
-// 2630 GB/s (0.74x of 03). Why: notebooks_md/04_wmma.md.
+// Figures (H200, results/h200/, commit 8e7173b): prefill_d128_s4096 148.1 TFLOP/s (24.5x over 03;
+// 0.47x of FA2 in the same run), causal 142.8; seed 7.04 us (03: 4.69); decode_b1_sk131072
+// 3003 GB/s (0.85x of 03). Why: notebooks_md/04_wmma.md.
 #include <algorithm>
 #include <cmath>
 
@@ -40,7 +40,7 @@ constexpr int kBc = 64;          // keys per K/V tile (per step of the online so
 // warps" on one row block (Br = 16), each taking a quarter of every tile's keys; their partial
 // results are merged in shared memory at the end of the item. A small problem (or decode, with
 // Sq * group rows per kv head) then gets 8 times the CTAs, and each tile a quarter of the time.
-// The launch takes the large CTA when its grid fills every resident slot.
+// make_launch says which a problem gets.
 constexpr int kWarpsLarge = 8, kWarpsSmall = 4;
 constexpr int kKeyWarpsSmall = 4;  // warps of a small CTA, all on the same rows
 namespace wmma = nvcuda::wmma;

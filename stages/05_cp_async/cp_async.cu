@@ -13,9 +13,9 @@
 // warps per SM at D = 128); development runs, prefill_d128_s4096: 2127 us so, 2268 us with
 // 04's arrangement (Q read from shared memory, 2 CTAs per SM).
 //
-// Figures (H200, results/h200/, commit b4ff160): prefill_d128_s4096 257.5 TFLOP/s (1.74x over 04,
-// 0.76x of FA2's 338 in the same run), causal 240.5 (0.84x of FA2); seed 8.14 us (FA2 5.18);
-// decode_b1_sk131072 3836 GB/s (1.06x FA2, 0.92x cuDNN). Why: notebooks_md/05_cp_async.md.
+// Figures (H200, results/h200/, commit 8e7173b): prefill_d128_s4096 256.7 TFLOP/s (1.73x over 04,
+// 0.81x of FA2's 315.5 in the same run), causal 239.7 (0.88x of FA2); seed 6.31 us (FA2 5.28);
+// decode_b1_sk131072 3813 GB/s (1.06x FA2, 0.92x cuDNN). Why: notebooks_md/05_cp_async.md.
 #include <algorithm>
 #include <cmath>
 
@@ -42,7 +42,7 @@ constexpr int kBc = 64;          // keys per K/V tile (per step of the online so
 // warps" on one row block (Br = 16), each taking a quarter of every tile's keys; their partial
 // results are merged in shared memory at the end of the item. A small problem (or decode, with
 // Sq * group rows per kv head) then gets 8 times the CTAs, and each tile a quarter of the time.
-// The launch takes the large CTA when its grid fills every resident slot.
+// make_launch says which a problem gets.
 constexpr int kWarpsLarge = 8, kWarpsSmall = 4;
 constexpr int kKeyWarpsSmall = 4;  // warps of a small CTA, all on the same rows
 constexpr int kStages = 2;       // K/V tiles in flight: the one computed and the next
