@@ -172,15 +172,17 @@ TEST_CASE("padded strides, custom scales (one negative) and a missing LSE output
 TEST_CASE("one workspace serves launch after launch, of any shape, with no memset between them") {
   // Stages 03+ keep a work queue and per-block arrival counters in the workspace and must leave
   // them at zero; a counter left over would skip work items or merge too early. Decode (many
-  // splits: arrival counters) and a grid larger than one wave (the queue) alternate.
-  ProblemShape split_heavy, queued;
+  // splits: arrival counters) and grids larger than one wave (the queue) alternate: one of 8-row
+  // CTAs and, for stage 03, one of key-warp CTAs (32 heads of 128 rows: sweep_bh32).
+  ProblemShape split_heavy, queued, queued_key_warps;
   split_heavy.b = 2, split_heavy.hq = 32, split_heavy.hkv = 8, split_heavy.sq = 1, split_heavy.sk = reduced() ? 5000 : 20000;
   split_heavy.d = 128, split_heavy.dtype = DType::bf16;
   queued.b = 4, queued.hq = 16, queued.hkv = 16, queued.sq = 700, queued.sk = 300, queued.causal = true;
+  queued_key_warps.b = 2, queued_key_warps.hq = 16, queued_key_warps.hkv = 16, queued_key_warps.sq = 128, queued_key_warps.sk = 128;
   for (const StageInfo& stage : registered_stages()) {
     CAPTURE(stage.name);
     size_t bytes = 0;
-    for (const ProblemShape& shape : {split_heavy, queued}) {
+    for (const ProblemShape& shape : {split_heavy, queued, queued_key_warps}) {
       Problem sizing;
       REQUIRE(Problem::create(shape, 1, true, &sizing).ok());
       bytes = std::max(bytes, workspace_bytes(stage, sizing.params()));
@@ -192,6 +194,7 @@ TEST_CASE("one workspace serves launch after launch, of any shape, with no memse
       check_stage_on(stage, split_heavy, ++seed, &ws);
       check_stage_on(stage, queued, ++seed, &ws);
       check_stage_on(stage, split_heavy, ++seed, &ws);
+      check_stage_on(stage, queued_key_warps, ++seed, &ws);
     }
   }
 }

@@ -429,7 +429,8 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D)) 
   // Items and their parts in 32 bits (make_launch keeps the items under 2^31): a 64-bit division
   // by a runtime value is a software routine of tens of instructions, and each item takes six.
   const unsigned n_splits = split.num_splits, n_hkv = static_cast<unsigned>(p.hkv), n_b = static_cast<unsigned>(p.b);
-  const unsigned n_items = static_cast<unsigned>(split.q_blocks) * n_hkv * n_b * n_splits;
+  const unsigned n_q = static_cast<unsigned>(split.q_blocks);
+  const unsigned n_items = n_q * n_hkv * n_b * n_splits;
   // With fewer items than resident CTAs the grid has one CTA per item and no queue is needed.
   const bool queue = gridDim.x < n_items;
   for (unsigned item = blockIdx.x; item < n_items;) {
@@ -438,14 +439,27 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D)) 
     if (queue && threadIdx.x == 0) next = gridDim.x + static_cast<unsigned>(atomicAdd(split.next_item, 1ull));
 
     // 1. Decode the item: splits fastest (a query block's splits run close together, and its
-    //    merge soon after), then kv heads and batches; query blocks last, the longest first when
-    //    causal (with the bottom-right mask, later query blocks see more keys).
+    //    merge soon after). Without a mask, query blocks next, then kv heads and batches: the
+    //    CTAs running at once work on a few heads and share their K and V tiles in L2. Causal,
+    //    query blocks last, the longest first (with the bottom-right mask, later query blocks
+    //    see more keys), so that the short ones fill the gaps at the end.
     const int split_idx = static_cast<int>(item % n_splits);
     unsigned rest = item / n_splits;
-    const int64_t h_kv = rest % n_hkv;
-    rest /= n_hkv;
-    const int64_t b = rest % n_b;
-    const int64_t q_rank = rest / n_b;
+    // The same decode in two spellings, for nvcc's register allocation (13.0): with branches
+    // the 40-register key-warp kernel spills (seed 4.92 against 4.68 us), with selects the
+    // 8-row kernel does (sweep_bh128 117.4 against 115.3 us; development runs).
+    int64_t h_kv, b, q_rank;
+    if constexpr (KW > 1) {
+      const unsigned radix0 = p.causal ? n_hkv : n_q, radix1 = p.causal ? n_b : n_hkv;
+      const unsigned x0 = rest % radix0, x1 = rest / radix0 % radix1, x2 = rest / radix0 / radix1;
+      h_kv = p.causal ? x0 : x1, b = p.causal ? x1 : x2, q_rank = p.causal ? x2 : x0;
+    } else if (p.causal) {
+      h_kv = rest % n_hkv, rest /= n_hkv;
+      b = rest % n_b, q_rank = rest / n_b;
+    } else {
+      q_rank = rest % n_q, rest /= n_q;
+      h_kv = rest % n_hkv, b = rest / n_hkv;
+    }
     const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
     attend_rows<T, D, Br, HPW, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, smem_q, smem_p, smem_ml);
 
@@ -501,8 +515,8 @@ Kernel select_kernel(const AttnParams& p) {
 // Heads per warp: the largest of 8, 4, 2, 1 that divides the GQA group. With grouping, one warp
 // row per CTA and kKeyWarps warps on its keys, so that decode's few warp rows still spread over
 // many CTAs and many warps. Without it (HPW = 1), a CTA of 8 warp rows as in stage 01, or, when
-// key_warps is asked for (a grid too small for the GPU), 2 rows of kKeyWarps warps each: the same
-// 8 warps per CTA, 4 times the CTAs, and a row's keys covered 4 tiles at a time.
+// key_warps is asked for (make_launch: a problem too small for the GPU), 2 rows of kKeyWarps warps
+// each: the same 8 warps per CTA, 4 times the CTAs, and a row's keys covered 4 tiles at a time.
 constexpr int kKeyWarps = 4;
 Kernel select_kernel(const AttnParams& p, bool key_warps, int* br, int* hpw, int* kw) {
   const int64_t group = p.hq / p.hkv;
@@ -547,17 +561,31 @@ struct Launch {
 Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
+  auto configure = [&](bool key_warps, Launch* c) -> Status {
+    c->kernel = select_kernel(p, key_warps, &c->br, &c->hpw, &c->kw);
+    const int64_t packed_rows = p.sq * (p.hq / p.hkv / c->hpw);  // warp rows per (batch, kv head)
+    c->q_blocks = (packed_rows + c->br - 1) / c->br;
+    ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(c->kernel), c->br * c->kw * kWarp, 0, &c->ctas_per_sm));
+    c->ctas_per_sm = std::min(c->ctas_per_sm, kMaxCtasPerSm);  // the workspace's arrival counters assume it
+    c->slots = static_cast<int64_t>(c->ctas_per_sm) * device->sm_count;
+    return Status::Ok();
+  };
+  // GQA packing has one CTA shape. Without it (HPW = 1), 8 rows per CTA or key warps, whichever
+  // is expected to finish first. With items of equal length, the time is the number of rounds
+  // of items, ceil(items / slots), times one round: keys / KW per warp, for the warps an SM runs
+  // at once. Key warps must win by 15%, for their merge in shared memory. Development runs:
+  // sweep_bh32 (1.29 rounds of 8-row items, 2.6 of key-warp items) 35.6 us with key warps
+  // against 43.5; sweep_bh128 (the model gives key warps 8%) 126.5 against 115.7.
   Launch l;
-  // Key warps (HPW = 1) when their grid fits in one wave: a small problem's rows then have their
-  // keys split inside the CTAs, in one launch. Otherwise 8 rows per CTA, and splits if needed.
-  for (bool key_warps : {true, false}) {
-    l.kernel = select_kernel(p, key_warps, &l.br, &l.hpw, &l.kw);
-    const int64_t packed_rows = p.sq * (p.hq / p.hkv / l.hpw);  // warp rows per (batch, kv head)
-    l.q_blocks = (packed_rows + l.br - 1) / l.br;
-    ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(l.kernel), l.br * l.kw * kWarp, 0, &l.ctas_per_sm));
-    l.ctas_per_sm = std::min(l.ctas_per_sm, kMaxCtasPerSm);  // the workspace's arrival counters assume it
-    l.slots = static_cast<int64_t>(l.ctas_per_sm) * device->sm_count;
-    if (!key_warps || l.hpw > 1 || l.q_blocks * p.hkv * p.b <= l.slots) break;
+  ATTN_TRY(configure(true, &l));
+  if (l.hpw == 1) {
+    Launch rows8;
+    ATTN_TRY(configure(false, &rows8));
+    auto round_cost = [&](const Launch& c) {
+      const int64_t items = c.q_blocks * p.hkv * p.b, rounds = (items + c.slots - 1) / c.slots;
+      return static_cast<double>(rounds) * static_cast<double>(p.sk) / c.kw * c.ctas_per_sm * c.br * c.kw;
+    };
+    if (round_cost(l) >= 0.85 * round_cost(rows8)) l = rows8;
   }
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
   const int splits = choose_num_splits(l.q_blocks * p.hkv * p.b, l.slots, std::max<int64_t>(1, kv_tiles / l.kw));
