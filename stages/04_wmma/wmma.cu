@@ -12,9 +12,9 @@
 // fragments), in the layout the kernel checks on entry. Scheduling (persistent CTAs, split-KV,
 // fused merge) is 03's.
 //
-// Figures (H200, results/h200/, commit 8e7173b): prefill_d128_s4096 148.1 TFLOP/s (24.5x over 03;
-// 0.47x of FA2 in the same run), causal 142.8; seed 7.04 us (03: 4.69); decode_b1_sk131072
-// 3003 GB/s (0.85x of 03). Why: notebooks_md/04_wmma.md.
+// Figures (H200, results/h200/, commit a542ccf): prefill_d128_s4096 146.8 TFLOP/s (24.1x over 03;
+// 0.44x of FA2 in the same run; 97.9% of the 150 target, not met), causal 141.8; seed 7.03 us
+// (03: 4.70); decode_b1_sk131072 2983 GB/s (0.84x of 03). Why: notebooks_md/04_wmma.md.
 #include <algorithm>
 #include <cmath>
 

@@ -13,9 +13,9 @@
 // warps per SM at D = 128); development runs, prefill_d128_s4096: 2127 us so, 2268 us with
 // 04's arrangement (Q read from shared memory, 2 CTAs per SM).
 //
-// Figures (H200, results/h200/, commit 8e7173b): prefill_d128_s4096 256.7 TFLOP/s (1.73x over 04,
-// 0.81x of FA2's 315.5 in the same run), causal 239.7 (0.88x of FA2); seed 6.31 us (FA2 5.28);
-// decode_b1_sk131072 3813 GB/s (1.06x FA2, 0.92x cuDNN). Why: notebooks_md/05_cp_async.md.
+// Figures (H200, results/h200/, commit a542ccf): prefill_d128_s4096 257.4 TFLOP/s (1.75x over 04,
+// 0.76x of FA2's 337.0 in the same run), causal 239.2 (0.84x of FA2); seed 6.27 us (FA2 5.23);
+// decode_b1_sk131072 3804 GB/s (1.05x FA2, 0.91x cuDNN). Why: notebooks_md/05_cp_async.md.
 #include <algorithm>
 #include <cmath>
 
