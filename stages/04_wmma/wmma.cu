@@ -5,8 +5,9 @@
 // Stages 01-03 compute every score and every P.V term with fp32 FMAs on the CUDA cores, each
 // warp reading K and V for itself. This stage adds one idea: S = Q.K^T and O += P.V run on
 // tensor cores through nvcuda::wmma (16x16x16 fragments, fp16/bf16 in, fp32 accumulate). A CTA
-// of 8 warps takes 128 query rows, 16 per warp; for a grid under one wave, a CTA of 4 key warps
-// takes 16 rows, each warp a quarter of every tile's keys (as 03's key warps), merged at the end.
+// of 8 warps takes 128 query rows, 16 per warp (16 warps and 256 rows at D = 128); for a grid
+// under one wave, a CTA of 4 key warps takes 16 rows, each warp a quarter of every tile's keys
+// (as 03's key warps), merged at the end.
 // Q, K and V tiles are staged in shared memory, where all its warps share them, as slabs of 16
 // columns (see Slabs). Scores, the online softmax, P and O stay in each warp's registers (accumulator
 // fragments), in the layout the kernel checks on entry. Scheduling (persistent CTAs, split-KV,
@@ -35,13 +36,15 @@ constexpr int kWarp = 32;
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
 constexpr float kLn2 = 0.6931471805599453f;     // ln(2): LSE back to natural log
 constexpr int kBc = 64;          // keys per K/V tile (per step of the online softmax)
-// Two shapes of CTA. Large: 8 warps, each owning one 16-row WMMA row block of Br = 128 packed
-// query rows, and every key of each tile. Small, as 03 does for a grid under one wave: 4 "key
-// warps" on one row block (Br = 16), each taking a quarter of every tile's keys; their partial
-// results are merged in shared memory at the end of the item. A small problem (or decode, with
-// Sq * group rows per kv head) then gets 8 times the CTAs, and each tile a quarter of the time.
-// make_launch says which a problem gets.
-constexpr int kWarpsLarge = 8, kWarpsSmall = 4;
+// Two shapes of CTA. Large: 8 warps at D = 64, 16 at D = 128, each owning one 16-row WMMA row
+// block of Br = 128 or 256 packed query rows, and every key of each tile (see min_ctas_per_sm for
+// why 16 at D = 128). Small, as 03 does for a grid under one wave: 4 "key warps" on one row block
+// (Br = 16), each taking a quarter of every tile's keys; their partial results are merged in
+// shared memory at the end of the item. A small problem (or decode, with Sq * group rows per kv
+// head) then gets 8 or 16 times the CTAs, and each tile a quarter of the time. make_launch says
+// which a problem gets.
+constexpr int kWarpsSmall = 4;
+constexpr int large_warps(int d) { return d == 128 ? 16 : 8; }
 constexpr int kKeyWarpsSmall = 4;  // warps of a small CTA, all on the same rows
 namespace wmma = nvcuda::wmma;
 constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
@@ -111,12 +114,14 @@ struct Smem {
   float row_lse[KW][kBr];   // per key warp and row: the LSE, for the store
 };
 // The budget the occupancy calculator and the device limit are checked against (D = 128 is the
-// largest): large CTA 32 (Q) + 64 (K, V; later the fp32 O block) KB + 512 B = 96.5 KB; small
-// CTA 4 + 32 (K, V; later the 4 key warps' O blocks) KB + 256 B = 36.25 KB. Scores and
-// probabilities never touch shared memory: they stay in accumulator fragments.
-static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge, 1>) == 98816, "shared-memory budget of stage 04 (D=128)");
+// largest): large CTA 64 (Q, 256 rows) + 128 (K, V: 32; later the fp32 O block: 128) KB + 1 KB =
+// 193 KB, one per SM; at D = 64, 16 + 32 + 0.5 = 48.5 KB; small CTA 4 + 32 (K, V; later the 4 key
+// warps' O blocks) KB + 256 B = 36.25 KB. Scores and probabilities never touch shared memory:
+// they stay in accumulator fragments.
+static_assert(sizeof(Smem<__nv_bfloat16, 128, large_warps(128), 1>) == 197632, "shared-memory budget of stage 04 (D=128)");
+static_assert(sizeof(Smem<__nv_bfloat16, 64, large_warps(64), 1>) == 49664, "shared-memory budget of stage 04 (D=64)");
 static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsSmall, kKeyWarpsSmall>) == 37120, "shared-memory budget of stage 04 (D=128, key warps)");
-static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge, 1>) <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
+static_assert(sizeof(Smem<__nv_bfloat16, 128, large_warps(128), 1>) <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
 
 // A 16x16 fragment of a shared-memory tile (ldm elements between rows). For fp16, nvcc turns
 // load_matrix_sync into ldmatrix (one instruction per fragment); for bf16 it emits generic 32-bit
@@ -271,7 +276,7 @@ __device__ __forceinline__ void load_rows(Slabs<T, Rows, D>& tile, const T* src,
 
 // Copy a whole K tile and V tile (rows from k + r * k_stride and v + r * v_stride) with
 // load_rows's map, all loads issued before the first store so that they are in flight together;
-// each waits in 4 registers per 16 bytes (see attend_block for when that pays).
+// each waits in 4 registers per 16 bytes (why the large CTA has 16 warps at D = 128: see min_ctas_per_sm).
 template <int Threads, typename T, int D, int Rows>
 __device__ __forceinline__ void load_kv_batch(Slabs<T, Rows, D>& k_tile, Slabs<T, Rows, D>& v_tile, const T* k,
                                               int64_t k_stride, const T* v, int64_t v_stride) {
@@ -305,11 +310,6 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   constexpr int kBr = 16 * Warps / KW, kThreads = Warps * kWarp;
   constexpr int kKeyFrags = kBc / 16 / KW;  // 16-key fragments of a tile per warp
   static_assert(kKeyFrags >= 1, "a key warp takes at least one fragment of keys");
-  // A tile's K and V loads in one batch (load_kv_batch) where the registers allow it. The large
-  // CTA at D = 128 is at its 128-register bound with O and S in accumulators; batching there adds
-  // spills, and loads K, then V. Development runs: prefill_d64_s4096 3706 us batched, 4054 not;
-  // prefill_d128_s4096 3772 batched, 3732 not.
-  constexpr bool kBatchLoads = !(D == 128 && KW == 1);
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
   using FragKt = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;  // K^T: K rows are its columns
   using FragV = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
@@ -367,8 +367,10 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   // tile reaches past some row's last key.
   auto attend_tile = [&](int64_t kv_tile, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
-    // 3. K and V tiles, shared by the CTA's warps (zeros past block_end).
-    if (kBatchLoads && block_end - kv_tile >= kBc) {
+    // 3. K and V tiles, shared by the CTA's warps (zeros past block_end). A whole tile's K and V
+    //    loads go in one batch (load_kv_batch), in flight together; development runs:
+    //    prefill_d64_s4096 3706 us batched, 4054 not.
+    if (block_end - kv_tile >= kBc) {
       load_kv_batch<kThreads, T, D, kBc>(sm.kv.k, sm.kv.v, k + kv_tile * p.k_seq_stride, p.k_seq_stride,
                                          v + kv_tile * p.v_seq_stride, p.v_seq_stride);
     } else {
@@ -558,14 +560,20 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& 
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
-// Resident CTAs per SM, the bound given to the compiler: 2 large CTAs (128 registers), 3 small
-// ones (168: a small CTA's warp holds the same O block, and its K/V loads wait in 64 more; with
-// 4, at 128 registers, nvcc issues them in smaller batches). Unbounded, nvcc takes 203-205 registers at D = 128 and 1 CTA of 8 warps fits an SM: 8
-// warps to hide the latency of every shared-memory fragment load, and nothing runs while that CTA
-// waits at a barrier for its K/V tile. For the bound, Q's fragments are read from shared memory
-// in every tile instead of held in 64 registers. Development runs, prefill_d128_s4096: 128 TFLOP/s
-// with Q in registers (1 CTA of 8 warps per SM), 147 with 2 CTAs (100 bytes of spill stores).
-constexpr int min_ctas_per_sm(int warps) { return warps == kWarpsLarge ? 2 : 3; }
+// Resident CTAs per SM, the bound given to the compiler: 16 warps per SM for the large CTA, at
+// 128 registers, and 3 small CTAs (168 registers: a small CTA's warp holds the same O block, and
+// its K/V loads wait in 64 more; with 4, at 128 registers, nvcc issues them in smaller batches).
+// At 128 registers Q's fragments are read from shared memory in every tile instead of held in
+// 64 registers. Unbounded, nvcc takes 203-205 registers at D = 128 and 1 CTA of 8 warps fits an
+// SM; development runs, prefill_d128_s4096: 128 TFLOP/s with Q in registers that way, 147 with 2
+// CTAs of 8 warps (100 bytes of spill stores). At D = 64 the large CTA has 8 warps, 2 per SM. At
+// D = 128 it has 16 warps, 1 per SM: a thread then copies 4 of a tile's 16-byte pieces, not 8,
+// and all of them fit in flight at once (with 8 warps, batching K and V added spills and nothing
+// else: 3760 against 3745 us). Development runs, prefill_d128_s4096: 3605 and 3616 us with 16
+// warps, 3730 and 3734 with 2 CTAs of 8; 3699 and 3706 with 16 warps loading K, then V; 4433 to
+// 4505 with 3 or 4 CTAs of 4 warps (each tile shared by fewer warps). Causal it loses 1.7% (1966
+// against 1933 us: 256-row blocks are coarser work items); at D = 64, 3.8% (3895 against 3752).
+constexpr int min_ctas_per_sm(int warps) { return warps == 16 ? 1 : warps == 8 ? 2 : 3; }
 
 // grid = min(work items, resident CTAs), block Warps warps, KW of them on each row block. Each
 // CTA loops over work items.
@@ -651,19 +659,20 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps)) wmma_ke
 
 using Kernel = void (*)(AttnParams, SplitArgs);
 
-template <int Warps, int KW>
-Kernel select_kernel(const AttnParams& p) {
-  if (p.dtype == DType::f16) return p.d == 64 ? wmma_kernel<__half, 64, Warps, KW> : wmma_kernel<__half, 128, Warps, KW>;
-  return p.d == 64 ? wmma_kernel<__nv_bfloat16, 64, Warps, KW> : wmma_kernel<__nv_bfloat16, 128, Warps, KW>;
+template <typename T>
+Kernel select_kernel(const AttnParams& p, bool small) {
+  constexpr int kLarge64 = large_warps(64), kLarge128 = large_warps(128);
+  if (small) return p.d == 64 ? wmma_kernel<T, 64, kWarpsSmall, kKeyWarpsSmall> : wmma_kernel<T, 128, kWarpsSmall, kKeyWarpsSmall>;
+  return p.d == 64 ? wmma_kernel<T, 64, kLarge64, 1> : wmma_kernel<T, 128, kLarge128, 1>;
 }
-Kernel select_kernel(const AttnParams& p, int warps) {
-  return warps == kWarpsLarge ? select_kernel<kWarpsLarge, 1>(p) : select_kernel<kWarpsSmall, kKeyWarpsSmall>(p);
+Kernel select_kernel(const AttnParams& p, bool small) {
+  return p.dtype == DType::f16 ? select_kernel<__half>(p, small) : select_kernel<__nv_bfloat16>(p, small);
 }
 
 // Dynamic shared memory of the kernel for p (the element type does not change it).
-size_t smem_bytes(const AttnParams& p, int warps) {
-  if (warps == kWarpsLarge) return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsLarge, 1>) : sizeof(Smem<__half, 128, kWarpsLarge, 1>);
-  return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsSmall, kKeyWarpsSmall>) : sizeof(Smem<__half, 128, kWarpsSmall, kKeyWarpsSmall>);
+size_t smem_bytes(const AttnParams& p, bool small) {
+  if (small) return p.d == 64 ? sizeof(Smem<__half, 64, kWarpsSmall, kKeyWarpsSmall>) : sizeof(Smem<__half, 128, kWarpsSmall, kKeyWarpsSmall>);
+  return p.d == 64 ? sizeof(Smem<__half, 64, large_warps(64), 1>) : sizeof(Smem<__half, 128, large_warps(128), 1>);
 }
 
 // How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
@@ -685,7 +694,7 @@ int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_spl
 
 // Everything launch() decides for a problem.
 struct Launch {
-  int warps = kWarpsLarge;  // warps per CTA
+  int warps = 0;            // warps per CTA
   int key_warps = 1;        // warps on each row block, each on a share of every tile's keys
   int br = 0;               // packed query rows per CTA: 16 * warps / key_warps
   size_t smem = 0;         // dynamic shared memory per CTA
@@ -703,12 +712,13 @@ Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
   const int64_t packed_rows = p.sq * (p.hq / p.hkv);  // (query position, head) rows per (batch, kv head)
-  auto configure = [&](int warps, Launch* c) -> Status {
+  auto configure = [&](bool small, Launch* c) -> Status {
+    const int warps = small ? kWarpsSmall : large_warps(static_cast<int>(p.d));
     c->warps = warps;
-    c->key_warps = warps == kWarpsLarge ? 1 : kKeyWarpsSmall;
+    c->key_warps = small ? kKeyWarpsSmall : 1;
     c->br = 16 * warps / c->key_warps;
-    c->kernel = select_kernel(p, warps);
-    c->smem = smem_bytes(p, warps);
+    c->kernel = select_kernel(p, small);
+    c->smem = smem_bytes(p, small);
     if (c->smem > device->smem_per_block_optin) {
       return Status::Error("stage 04_wmma needs " + std::to_string(c->smem) + " bytes of shared memory per CTA, the device allows " +
                            std::to_string(device->smem_per_block_optin));
@@ -720,8 +730,8 @@ Status make_launch(const AttnParams& p, Launch* out) {
     return Status::Ok();
   };
   Launch large, small;
-  ATTN_TRY(configure(kWarpsLarge, &large));
-  ATTN_TRY(configure(kWarpsSmall, &small));
+  ATTN_TRY(configure(false, &large));
+  ATTN_TRY(configure(true, &small));
   // The large CTA when its grid fills most of one wave (80%, as for splitting); else the small one
   // when its grid fits in one wave; else the large one (a few long items, not two rounds of short).
   const int64_t unsplit_large = large.q_blocks * p.hkv * p.b, unsplit_small = small.q_blocks * p.hkv * p.b;
