@@ -13,9 +13,10 @@
 // fragments), in the layout the kernel checks on entry. Scheduling (persistent CTAs, split-KV,
 // fused merge) is 03's.
 //
-// Figures (H200, results/h200/, commit a542ccf): prefill_d128_s4096 146.8 TFLOP/s (24.1x over 03;
-// 0.44x of FA2 in the same run; 97.9% of the 150 target, not met), causal 141.8; seed 7.03 us
-// (03: 4.70); decode_b1_sk131072 2983 GB/s (0.84x of 03). Why: notebooks_md/04_wmma.md.
+// Figures (H200, results/h200/, commit 017968d): prefill_d128_s4096 152.5 TFLOP/s (25.0x over 03;
+// 0.47x of FA2 in the same run; 101.6% of the 150 target, met; 146.8 with 2 CTAs of 8 warps at
+// a542ccf), causal 139.7; seed 7.01 us (03: 4.70); decode_b1_sk131072 2984 GB/s (0.85x of 03).
+// Why: notebooks_md/04_wmma.md.
 #include <algorithm>
 #include <cmath>
 
@@ -250,9 +251,9 @@ __device__ __forceinline__ void load_tile(Slabs<T, Rows, D>& tile, RowFn src_row
   }
 }
 
-// Copy rows [0, valid) of a K or V tile from src + r * stride into a shared-memory tile and
-// zero the rest, with load_tile's thread-to-piece map and one pointer step per row. Every tile
-// but a block's last is whole, and takes the branch without a test per row.
+// Copy rows [0, valid) of a block's last K or V tile when it is partial (valid < Rows) from
+// src + r * stride into a shared-memory tile and zero the rest, with load_tile's thread-to-piece
+// map and one pointer step per row. Whole tiles go through load_kv_batch below.
 template <int Threads, typename T, int D, int Rows>
 __device__ __forceinline__ void load_rows(Slabs<T, Rows, D>& tile, const T* src, int64_t stride, int64_t valid) {
   using Map = PieceMap<Threads, D>;
@@ -260,17 +261,11 @@ __device__ __forceinline__ void load_rows(Slabs<T, Rows, D>& tile, const T* src,
   const Map m;
   T* dst = &tile[m.col / 16][m.row][m.col % 16];
   const T* row = src + m.row * stride + m.col;
-  if (valid >= Rows) {
 #pragma unroll
-    for (int j = 0; j < Rows / kRowStep; ++j, row += kRowStep * stride)
-      *reinterpret_cast<Pack<8>*>(dst + j * kRowStep * 16) = load_pack<8>(row);
-  } else {
-#pragma unroll
-    for (int j = 0; j < Rows / kRowStep; ++j, row += kRowStep * stride) {
-      Pack<8> value{};
-      if (m.row + j * kRowStep < valid) value = load_pack<8>(row);
-      *reinterpret_cast<Pack<8>*>(dst + j * kRowStep * 16) = value;
-    }
+  for (int j = 0; j < Rows / kRowStep; ++j, row += kRowStep * stride) {
+    Pack<8> value{};
+    if (m.row + j * kRowStep < valid) value = load_pack<8>(row);
+    *reinterpret_cast<Pack<8>*>(dst + j * kRowStep * 16) = value;
   }
 }
 
