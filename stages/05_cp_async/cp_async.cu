@@ -3,19 +3,20 @@
 //
 // Stage 05 (this file): loads that overlap compute.
 // Stage 04 loads each K/V tile with ordinary loads, waits at a barrier, then computes: a CTA
-// idles through every tile's memory latency (04 fits 2 CTAs per SM, so that one computes while
-// the other waits), and its unpadded tiles (16-column slabs, 32-byte rows) leave a 2-way bank
+// idles through every tile's memory latency (04 runs 2 CTAs of 8 warps per SM at D = 64, so that
+// one computes while the other waits, and 16 warps at D = 128, to keep a whole tile's loads in
+// flight), and its unpadded tiles (16-column slabs, 32-byte rows) leave a 2-way bank
 // conflict in every fragment load. This stage adds one idea: K and V tiles are fetched with
 // cp.async into a ring of two shared-memory stages, so tile j+1 is in flight while tile j is
 // computed; and tiles are plain rows padded by 16 bytes, so the 8 rows a fragment load reads
 // at once start in 8 different bank groups. With the loads overlapped, a CTA no longer waits at
 // its barriers, and Q's fragments go back into registers (no bound on registers, 1 CTA of 8
 // warps per SM at D = 128); development runs, prefill_d128_s4096: 2127 us so, 2268 us with
-// 04's arrangement (Q read from shared memory, 2 CTAs per SM).
+// 04's arrangement of that time (Q read from shared memory, 2 CTAs of 8 warps per SM).
 //
-// Figures (H200, results/h200/, commit a542ccf): prefill_d128_s4096 257.4 TFLOP/s (1.75x over 04,
-// 0.76x of FA2's 337.0 in the same run), causal 239.2 (0.84x of FA2); seed 6.27 us (FA2 5.23);
-// decode_b1_sk131072 3804 GB/s (1.05x FA2, 0.91x cuDNN). Why: notebooks_md/05_cp_async.md.
+// Figures (H200, results/h200/, commit 017968d): prefill_d128_s4096 254.3 TFLOP/s (1.67x over 04,
+// 0.78x of FA2's 326.4 in the same run), causal 239.1 (0.89x of FA2); seed 6.27 us (FA2 5.55);
+// decode_b1_sk131072 3752 GB/s (1.05x FA2, 0.92x cuDNN). Why: notebooks_md/05_cp_async.md.
 #include <algorithm>
 #include <cmath>
 
