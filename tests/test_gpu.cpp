@@ -215,6 +215,47 @@ TEST_CASE("the same inputs twice give bit-identical outputs") {
   }
 }
 
+TEST_CASE("a launch captured into a CUDA graph gives what the same launch gives on a stream") {
+  // The benchmarks time latency-bound shapes as graphs of launches. Stages 04+ check the WMMA
+  // fragment layout at their first launch on a device, outside any capture; later launches
+  // must capture cleanly. Seed-sized (no split) and decode (splits, merge counters).
+  ProblemShape seed, decode;
+  seed.b = 1, seed.hq = 1, seed.hkv = 1, seed.sq = 128, seed.sk = 128;
+  decode.b = 1, decode.hq = 32, decode.hkv = 8, decode.sq = 1, decode.sk = 4097, decode.d = 128, decode.dtype = DType::bf16;
+  for (const StageInfo& stage : registered_stages())
+    for (const ProblemShape& shape : {seed, decode}) {
+      const std::string name = name_of(stage, shape);
+      CAPTURE(name);
+      Problem problem;
+      REQUIRE(Problem::create(shape, 1, true, &problem).ok());
+      REQUIRE(problem.fill_random(14).ok());
+      HostOutput streamed, replayed;
+      REQUIRE(run_stage(stage, problem, &streamed).ok());
+
+      DeviceBuffer ws;
+      REQUIRE(ws.allocate(workspace_bytes(stage, problem.params())).ok());
+      REQUIRE(problem.poison_outputs().ok());
+      cudaStream_t stream = nullptr;
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+      REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+      const Status st = stage.launch(problem.params(), Workspace{ws.get(), ws.bytes()}, stream);
+      const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+      CHECK_MESSAGE(st.ok(), st.message());
+      REQUIRE(ended == cudaSuccess);
+      REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+      REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
+      REQUIRE(problem.download_output(&replayed).ok());
+      CHECK(std::memcmp(streamed.o.data(), replayed.o.data(), streamed.o.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(streamed.lse.data(), replayed.lse.data(), streamed.lse.size() * sizeof(float)) == 0);
+    }
+}
+
 TEST_CASE("bad input launches nothing and writes nothing") {
   for (const StageInfo& stage : registered_stages()) {
     CAPTURE(stage.name);

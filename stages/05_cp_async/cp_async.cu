@@ -19,6 +19,8 @@
 // decode_b1_sk131072 3752 GB/s (1.05x FA2, 0.92x cuDNN). Why: notebooks_md/05_cp_async.md.
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include <cuda_pipeline_primitives.h>
 #include <mma.h>
@@ -118,7 +120,8 @@ static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsLarge, 1>) <= 227 * 1024, "e
 // load_matrix_sync into ldmatrix (one instruction per fragment); for bf16 it emits generic 32-bit
 // loads plus MOVM transposes, several times the instructions (nvcc 13.0, sm_90). A fragment only
 // moves 16-bit elements, so bf16 tiles are loaded through an fp16 fragment and the bits copied
-// over: the same registers, by ldmatrix (checked on entry, see check_fragment_map).
+// over: the same registers, by ldmatrix (checked before the first launch, see
+// check_fragment_map_kernel).
 template <typename Use, typename Layout, typename T>
 __device__ __forceinline__ void load_fragment(wmma::fragment<Use, 16, 16, 16, T, Layout>& frag, const T* tile, unsigned ldm) {
   if constexpr (std::is_same_v<T, __half>) {
@@ -145,12 +148,13 @@ __device__ bool load_fragment_is_exact(const T* tile) {
 
 // Where this thread's elements sit in a 16x16 accumulator fragment. WMMA leaves the layout
 // unspecified; this kernel is written for the layout of mma.sync's m16n8k16 (PTX ISA), which WMMA
-// compiles to on sm_80 and sm_90, and checks it on entry (check_fragment_map): lane l holds 8
-// elements in two rows, l/4 and l/4 + 8, shared with the other 3 lanes of its quad (so a row's max
-// and sum are 2 shuffles away); element e sits in row l/4 + 8 * ((e >> 1) & 1), column
-// 2 * (l % 4) + (e & 1) + 8 * (e >> 2). And element e of a matrix_a fragment holds what element
-// e % 8 of the accumulator holds (so P goes from the S accumulator to the A operand of P.V in
-// registers). Computed from the lane, the map holds no registers of its own.
+// compiles to on sm_80 and sm_90, and the stage checks it before its first launch
+// (check_fragment_layout): lane l holds 8 elements in two rows, l/4 and l/4 + 8, shared with the
+// other 3 lanes of its quad (so a row's max and sum are 2 shuffles away); element e sits in row
+// l/4 + 8 * ((e >> 1) & 1), column 2 * (l % 4) + (e & 1) + 8 * (e >> 2). And element e of a
+// matrix_a fragment holds what element e % 8 of the accumulator holds (so P goes from the S
+// accumulator to the A operand of P.V in registers). Computed from the lane, the map holds no
+// registers of its own.
 __device__ __forceinline__ int half_of(int e) { return (e >> 1) & 1; }  // which of the two rows
 struct FragMap {
   int lane;
@@ -160,17 +164,22 @@ struct FragMap {
 
 // Check the map by loading a 16x16 matrix whose entries are their own index (16 * row + col),
 // exact in fp32, fp16 and bf16, and check load_fragment against load_matrix_sync for the three
-// operand fragments; trap if a check fails. ids_f32 and ids_t: shared scratch.
+// operand fragments. One warp of one CTA runs it, once per process, device and element type,
+// before the first launch (see check_fragment_layout). Checked at the start of every CTA, as
+// until commit d04d177, it cost seed 0.53 us of 7.04 in 04 and 0.8 of 6.3 in 05 (two barriers
+// before the first load; development runs).
 template <typename T>
-__device__ FragMap check_fragment_map(float* ids_f32, T* ids_t) {
-  for (int c = threadIdx.x; c < 16 * 16; c += blockDim.x) ids_f32[c] = static_cast<float>(c), ids_t[c] = from_float<T>(static_cast<float>(c));
-  __syncthreads();
+__global__ void check_fragment_map_kernel(int* verdict) {
+  __shared__ __align__(32) float ids_f32[16 * 16];
+  __shared__ __align__(32) T ids_t[16 * 16];
+  for (int c = threadIdx.x; c < 16 * 16; c += kWarp) ids_f32[c] = static_cast<float>(c), ids_t[c] = from_float<T>(static_cast<float>(c));
+  __syncwarp();
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
   wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
   wmma::load_matrix_sync(acc, ids_f32, 16, wmma::mem_row_major);
   wmma::load_matrix_sync(a, ids_t, 16);
   static_assert(decltype(acc)::num_elements == 8, "an fp32 16x16 accumulator holds 8 elements per thread");
-  const FragMap map{static_cast<int>(threadIdx.x % kWarp)};
+  const FragMap map{static_cast<int>(threadIdx.x)};
   bool ok = load_fragment_is_exact<wmma::matrix_a, wmma::row_major>(ids_t) &&
             load_fragment_is_exact<wmma::matrix_b, wmma::col_major>(ids_t) &&
             load_fragment_is_exact<wmma::matrix_b, wmma::row_major>(ids_t);
@@ -178,9 +187,8 @@ __device__ FragMap check_fragment_map(float* ids_f32, T* ids_t) {
   for (int e = 0; e < 8; ++e) ok = ok && static_cast<int>(acc.x[e]) == 16 * map.row(half_of(e)) + map.col(e);
 #pragma unroll
   for (int e = 0; e < a.num_elements; ++e) ok = ok && to_float(a.x[e]) == acc.x[e % 8];
-  if (!__all_sync(0xffffffffu, ok)) __trap();  // a fragment layout this kernel was not written for
-  __syncthreads();  // the scratch is reused
-  return map;
+  ok = __all_sync(0xffffffffu, ok);
+  if (threadIdx.x == 0) *verdict = ok ? 1 : 0;
 }
 
 // 2^x in one MUFU.EX2 instruction (PTX ex2.approx.ftz: 2 ulp, results below 2^-126 flushed to
@@ -531,8 +539,8 @@ __global__ void __launch_bounds__(Warps * kWarp) cp_async_kernel(const AttnParam
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarp), 0);
   const int lane = threadIdx.x % kWarp;
 
-  // 0. Where this thread's fragment elements sit (see FragMap), checked in the K/V tile space.
-  const FragMap map = check_fragment_map<T>(reinterpret_cast<float*>(&sm.kv), &sm.q[0][0]);
+  // 0. Where this thread's fragment elements sit (see FragMap; checked before the first launch).
+  const FragMap map{lane};
 
   // Items and their parts in 32 bits (make_launch keeps the items under 2^31): a 64-bit division
   // by a runtime value is a software routine of tens of instructions, and each item takes six.
@@ -742,8 +750,49 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
   return Status::Ok();
 }
 
+// Whether the fragment layout FragMap assumes holds for p's element type on the current device:
+// check_fragment_map_kernel runs once per process, device and type, the first time a launch
+// needs it, and its verdict is kept. Not inside a stream capture: it reads the verdict back.
+Status check_fragment_layout(const AttnParams& p, cudaStream_t stream) {
+  auto failed = [](cudaError_t err, const char* what) {
+    (void)cudaGetLastError();
+    return Status::Error(std::string("stage ") + kStageName + ": " + what + ": " + cudaGetErrorString(err));
+  };
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, bool> verdicts;  // (device, dtype) -> layout as assumed
+  int device = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return failed(err, "cudaGetDevice");
+  const std::pair<int, int> key{device, static_cast<int>(p.dtype)};
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = verdicts.find(key);
+  if (it == verdicts.end()) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (const cudaError_t err = cudaStreamIsCapturing(stream, &capture); err != cudaSuccess) return failed(err, "cudaStreamIsCapturing");
+    if (capture != cudaStreamCaptureStatusNone)
+      return Status::Error(std::string("stage ") + kStageName +
+                           ": the first launch on a device checks the WMMA fragment layout and reads the result back, "
+                           "which a stream capture does not allow; launch once before capturing");
+    int* verdict = nullptr;
+    int host = 0;
+    if (const cudaError_t err = cudaMalloc(&verdict, sizeof(int)); err != cudaSuccess) return failed(err, "cudaMalloc (layout check)");
+    if (p.dtype == DType::f16) check_fragment_map_kernel<__half><<<1, kWarp>>>(verdict);
+    else check_fragment_map_kernel<__nv_bfloat16><<<1, kWarp>>>(verdict);
+    const cudaError_t launched = cudaGetLastError();
+    const cudaError_t copied = cudaMemcpy(&host, verdict, sizeof(int), cudaMemcpyDeviceToHost);
+    cudaFree(verdict);
+    if (launched != cudaSuccess) return failed(launched, "layout check kernel");
+    if (copied != cudaSuccess) return failed(copied, "layout check kernel");
+    it = verdicts.emplace(key, host == 1).first;
+  }
+  if (!it->second)
+    return Status::Error(std::string("stage ") + kStageName +
+                         ": the WMMA fragment layout on this GPU is not the one the kernel is written for (mma.sync m16n8k16)");
+  return Status::Ok();
+}
+
 Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, 0));  // parameters and GPU, before the plan
+  ATTN_TRY(check_fragment_layout(p, stream));
   Launch l;
   ATTN_TRY(make_launch(p, &l));
   const WorkspaceLayout w = layout_for(p, l);
