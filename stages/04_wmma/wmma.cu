@@ -25,6 +25,7 @@
 #include <mma.h>
 #include <type_traits>
 
+#include "buffer.h"
 #include "device.h"
 #include "dtype.cuh"
 #include "params.h"
@@ -825,16 +826,14 @@ Status check_fragment_layout(const AttnParams& p, cudaStream_t stream) {
       return Status::Error(std::string("stage ") + kStageName +
                            ": the first launch on a device checks the WMMA fragment layout and reads the result back, "
                            "which a stream capture does not allow; launch once before capturing");
-    int* verdict = nullptr;
+    DeviceBuffer verdict;
+    ATTN_TRY(verdict.allocate(sizeof(int)));
+    if (p.dtype == DType::f16) check_fragment_map_kernel<__half><<<1, kWarp>>>(verdict.as<int>());
+    else check_fragment_map_kernel<__nv_bfloat16><<<1, kWarp>>>(verdict.as<int>());
+    ATTN_TRY(check_launch(kStageName));
     int host = 0;
-    if (const cudaError_t err = cudaMalloc(&verdict, sizeof(int)); err != cudaSuccess) return failed(err, "cudaMalloc (layout check)");
-    if (p.dtype == DType::f16) check_fragment_map_kernel<__half><<<1, kWarp>>>(verdict);
-    else check_fragment_map_kernel<__nv_bfloat16><<<1, kWarp>>>(verdict);
-    const cudaError_t launched = cudaGetLastError();
-    const cudaError_t copied = cudaMemcpy(&host, verdict, sizeof(int), cudaMemcpyDeviceToHost);
-    cudaFree(verdict);
-    if (launched != cudaSuccess) return failed(launched, "layout check kernel");
-    if (copied != cudaSuccess) return failed(copied, "layout check kernel");
+    if (const cudaError_t err = cudaMemcpy(&host, verdict.get(), sizeof(int), cudaMemcpyDeviceToHost); err != cudaSuccess)
+      return failed(err, "layout check kernel");
     it = verdicts.emplace(key, host == 1).first;
   }
   if (!it->second)
