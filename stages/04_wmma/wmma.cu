@@ -39,7 +39,12 @@ constexpr int kMinSm = 80;
 constexpr int kWarp = 32;
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
 constexpr float kLn2 = 0.6931471805599453f;     // ln(2): LSE back to natural log
-constexpr int kBc = 64;          // keys per K/V tile (per step of the online softmax)
+// Keys per K/V tile (per step of the online softmax): 64, or 128 in the key-warp CTA at D = 64.
+// There a 128-key tile costs load_kv_batch the registers a 64-key tile costs at D = 128 (4 per
+// 16 bytes in flight), and a small problem needs half the tiles: seed's 128 keys are one tile,
+// one dependent round trip to memory instead of two. Development runs: seed 6.49 -> 6.00 us,
+// sweep_bh4 6.64 -> 6.13, sweep_bh32 8.84 -> 8.33 (the decode shapes, at D = 128, unchanged).
+constexpr int tile_keys(int d, int key_warps) { return key_warps > 1 && d == 64 ? 128 : 64; }
 // Two shapes of CTA. Large: 8 warps at D = 64, 16 at D = 128, each owning one 16-row WMMA row
 // block of Br = 128 or 256 packed query rows, and every key of each tile (see min_ctas_per_sm for
 // why 16 at D = 128). Small, as 03 does for a grid under one wave: 4 "key warps" on one row block
@@ -107,6 +112,7 @@ using Slabs = T[D / 16][Rows][16];
 template <typename T, int D, int Warps, int KW>
 struct Smem {
   static constexpr int kBr = 16 * Warps / KW;
+  static constexpr int kBc = tile_keys(D, KW);
   Slabs<T, kBr, D> q;       // [Br][D]: the CTA's packed query rows
   union {
     struct {
@@ -120,11 +126,12 @@ struct Smem {
 // The budget the occupancy calculator and the device limit are checked against (D = 128 is the
 // largest): large CTA 64 (Q, 256 rows) + 128 (K, V: 32; later the fp32 O block: 128) KB + 1 KB =
 // 193 KB, one per SM; at D = 64, 16 + 32 + 0.5 = 48.5 KB; small CTA 4 + 32 (K, V; later the 4 key
-// warps' O blocks) KB + 256 B = 36.25 KB. Scores and probabilities never touch shared memory:
-// they stay in accumulator fragments.
+// warps' O blocks) KB + 256 B = 36.25 KB, at D = 64 2 + 32 (128-key K, V tiles) KB + 256 B =
+// 34.25 KB. Scores and probabilities never touch shared memory: they stay in accumulator fragments.
 static_assert(sizeof(Smem<__nv_bfloat16, 128, large_warps(128), 1>) == 197632, "shared-memory budget of stage 04 (D=128)");
 static_assert(sizeof(Smem<__nv_bfloat16, 64, large_warps(64), 1>) == 49664, "shared-memory budget of stage 04 (D=64)");
 static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsSmall, kKeyWarpsSmall>) == 37120, "shared-memory budget of stage 04 (D=128, key warps)");
+static_assert(sizeof(Smem<__nv_bfloat16, 64, kWarpsSmall, kKeyWarpsSmall>) == 35072, "shared-memory budget of stage 04 (D=64, key warps)");
 static_assert(sizeof(Smem<__nv_bfloat16, 128, large_warps(128), 1>) <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
 
 // A 16x16 fragment of a shared-memory tile (ldm elements between rows). For fp16, nvcc turns
@@ -312,6 +319,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
                                              int64_t q_block, int split_idx, int warp, int lane,
                                              const FragMap& map, Smem<T, D, Warps, KW>& sm) {
   constexpr int kBr = 16 * Warps / KW, kThreads = Warps * kWarp;
+  constexpr int kBc = tile_keys(D, KW);
   constexpr int kKeyFrags = kBc / 16 / KW;  // 16-key fragments of a tile per warp
   static_assert(kKeyFrags >= 1, "a key warp takes at least one fragment of keys");
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
@@ -701,6 +709,7 @@ struct Launch {
   int warps = 0;            // warps per CTA
   int key_warps = 1;        // warps on each row block, each on a share of every tile's keys
   int br = 0;               // packed query rows per CTA: 16 * warps / key_warps
+  int bc = 0;               // keys per K/V tile: tile_keys(D, key_warps)
   size_t smem = 0;         // dynamic shared memory per CTA
   int64_t q_blocks = 0;    // ceil(Sq * group / Br)
   int ctas_per_sm = 0;     // resident CTAs per SM of the main kernel
@@ -741,13 +750,14 @@ Status make_launch(const AttnParams& p, Launch* out) {
   const int64_t unsplit_large = large.q_blocks * p.hkv * p.b, unsplit_small = small.q_blocks * p.hkv * p.b;
   const bool use_large = unsplit_large * 10 >= large.slots * 8 || unsplit_small > small.slots;
   Launch l = use_large ? large : small;
-  const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
+  l.bc = tile_keys(static_cast<int>(p.d), l.key_warps);
+  const int64_t kv_tiles = (p.sk + l.bc - 1) / l.bc;
   // At most one item per resident CTA: more splits would add items' fixed costs (a Q block load,
   // a partial output to write and merge) without adding parallelism.
   const int64_t unsplit = l.q_blocks * p.hkv * p.b;
   const int splits = choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, l.slots / unsplit)));
   // Whole tiles per split; recount so that no split is empty by construction.
-  l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
+  l.split.keys_per_split = (kv_tiles + splits - 1) / splits * l.bc;
   l.split.num_splits = static_cast<int>((p.sk + l.split.keys_per_split - 1) / l.split.keys_per_split);
   l.split.q_blocks = l.q_blocks;
   l.items = l.q_blocks * p.hkv * p.b * l.split.num_splits;
@@ -799,7 +809,7 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
                " CTAs unsplit, " + std::to_string(l.slots) + " resident slots = " + std::to_string(l.ctas_per_sm) +
                "/SM), " + std::to_string(l.split.keys_per_split) + " keys per split, Br=" + std::to_string(l.br) +
                " packed rows (GQA group " + std::to_string(p.hq / p.hkv) + ") x " + std::to_string(l.key_warps) +
-               " key warps, Bc=" + std::to_string(kBc) +
+               " key warps, Bc=" + std::to_string(l.bc) +
                (l.split.num_splits > 1 ? ", merge fused" : "");
   return Status::Ok();
 }

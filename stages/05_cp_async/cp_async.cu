@@ -41,6 +41,10 @@ constexpr int kWarp = 32;
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
 constexpr float kLn2 = 0.6931471805599453f;     // ln(2): LSE back to natural log
 constexpr int kBc = 64;          // keys per K/V tile (per step of the online softmax)
+// 64 in every CTA. Stage 04 gives its key-warp CTA at D = 64 tiles of 128 keys, to save a dependent
+// round trip to memory on small problems; here the ring overlaps the second tile's loads with the
+// first tile's work instead (development run with 128-key tiles: seed 5.46 -> 5.40 us, sweep_bh32
+// 7.26 -> 7.38, for twice the ring's shared memory).
 // Two shapes of CTA. Large: 8 warps, each owning one 16-row WMMA row block of Br = 128 packed
 // query rows, and every key of each tile. Small, as 03 does for a grid under one wave: 4 "key
 // warps" on one row block (Br = 16), each taking a quarter of every tile's keys; their partial
