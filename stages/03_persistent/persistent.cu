@@ -11,8 +11,8 @@
 // everything. The counters live in the workspace and every launch leaves them zero, so a launch
 // (or a CUDA graph node) needs no memset before it.
 //
-// Figures (H200, results/h200/, commit 1f3f6dc): seed 4.72 us (FA2 5.23 in the same run);
-// decode_b1_sk131072 3536 GB/s (0.93x of 02); prefill_d128_s4096_causal 6.05 TFLOP/s (0.98x of 02).
+// Figures (H200, results/h200/, commit ec9ceb8): seed 4.70 us (FA2 5.26 in the same run);
+// decode_b1_sk131072 3501 GB/s (0.93x of 02); prefill_d128_s4096_causal 6.05 TFLOP/s (0.98x of 02).
 // Why: notebooks_md/03_persistent.md.
 #include <algorithm>
 #include <cmath>
