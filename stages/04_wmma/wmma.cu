@@ -8,8 +8,8 @@
 // of 8 warps takes 128 query rows, 16 per warp (16 warps and 256 rows at D = 128); for a grid
 // under one wave, a CTA of 4 key warps takes 16 rows, each warp a quarter of every tile's keys
 // (as 03's key warps), merged at the end.
-// Q, K and V tiles are staged in shared memory, where all its warps share them, as slabs of 16
-// columns (see Slabs). Scores, the online softmax, P and O stay in each warp's registers (accumulator
+// Q, K and V tiles are staged in shared memory as slabs of 16 columns (see Slabs), shared by
+// all the warps of a large CTA; a key warp loads and reads only its own keys of each tile. Scores, the online softmax, P and O stay in each warp's registers (accumulator
 // fragments), in the layout checked before the first launch. Scheduling (persistent CTAs, split-KV,
 // fused merge) is 03's.
 //
@@ -103,12 +103,14 @@ __device__ __forceinline__ void load_floats_cg(const float* src, float (&dst)[E]
 // one ldmatrix phase reads span 256 bytes: 2 rows per bank, a 2-way bank conflict. Rows of D
 // elements (ldm = D, a multiple of 128 bytes) would put all 8 rows in the same 4 banks, 8-way.
 // WMMA takes one row stride per fragment, so no unpadded layout does better than 2-way; stage
-// 05 pads the rows and gets none.
+// 05 pads the rows and gets none. Each slab has one spare row at its end (32 bytes), so that row
+// r of slab s starts 32 s bytes further along the banks than row r of slab 0: the 8 pieces of
+// 16 bytes that make up one 128-byte line of a row (64 columns, 4 slabs) then sit in 8 distinct
+// bank groups, and 8 lanes can store a whole line at once without a conflict (see PieceMap).
 template <typename T, int Rows, int D>
-using Slabs = T[D / 16][Rows][16];
+using Slabs = T[D / 16][Rows + 1][16];
 
-// Shared memory of one CTA of Warps warps, KW of them on each row block: Q, K and V as slabs,
-// unpadded.
+// Shared memory of one CTA of Warps warps, KW of them on each row block: Q, K and V as slabs.
 template <typename T, int D, int Warps, int KW>
 struct Smem {
   static constexpr int kBr = 16 * Warps / KW;
@@ -124,14 +126,15 @@ struct Smem {
   float row_lse[KW][kBr];   // per key warp and row: the LSE, for the store
 };
 // The budget the occupancy calculator and the device limit are checked against (D = 128 is the
-// largest): large CTA 64 (Q, 256 rows) + 128 (K, V: 32; later the fp32 O block: 128) KB + 1 KB =
-// 193 KB, one per SM; at D = 64, 16 + 32 + 0.5 = 48.5 KB; small CTA 4 + 32 (K, V; later the 4 key
-// warps' O blocks) KB + 256 B = 36.25 KB, at D = 64 2 + 32 (128-key K, V tiles) KB + 256 B =
-// 34.25 KB. Scores and probabilities never touch shared memory: they stay in accumulator fragments.
-static_assert(sizeof(Smem<__nv_bfloat16, 128, large_warps(128), 1>) == 197632, "shared-memory budget of stage 04 (D=128)");
-static_assert(sizeof(Smem<__nv_bfloat16, 64, large_warps(64), 1>) == 49664, "shared-memory budget of stage 04 (D=64)");
-static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsSmall, kKeyWarpsSmall>) == 37120, "shared-memory budget of stage 04 (D=128, key warps)");
-static_assert(sizeof(Smem<__nv_bfloat16, 64, kWarpsSmall, kKeyWarpsSmall>) == 35072, "shared-memory budget of stage 04 (D=64, key warps)");
+// largest; each slab's spare row adds 32 bytes): large CTA 64.25 (Q, 256 rows) + 128 (K, V:
+// 32.5; later the fp32 O block: 128) KB + 1 KB = 193.25 KB, one per SM; at D = 64, 16.125 + 32 +
+// 0.5 = 48.625 KB; small CTA 4.25 + 32.5 (K, V; the 4 key warps' O blocks take 32) KB + 256 B =
+// 37 KB, at D = 64 2.125 + 32.25 (128-key K, V tiles) KB + 256 B = 34.625 KB. Scores and
+// probabilities never touch shared memory: they stay in accumulator fragments.
+static_assert(sizeof(Smem<__nv_bfloat16, 128, large_warps(128), 1>) == 197888, "shared-memory budget of stage 04 (D=128)");
+static_assert(sizeof(Smem<__nv_bfloat16, 64, large_warps(64), 1>) == 49792, "shared-memory budget of stage 04 (D=64)");
+static_assert(sizeof(Smem<__nv_bfloat16, 128, kWarpsSmall, kKeyWarpsSmall>) == 37888, "shared-memory budget of stage 04 (D=128, key warps)");
+static_assert(sizeof(Smem<__nv_bfloat16, 64, kWarpsSmall, kKeyWarpsSmall>) == 35456, "shared-memory budget of stage 04 (D=64, key warps)");
 static_assert(sizeof(Smem<__nv_bfloat16, 128, large_warps(128), 1>) <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
 
 // A 16x16 fragment of a shared-memory tile (ldm elements between rows). For fp16, nvcc turns
@@ -230,10 +233,19 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 // Which 16 bytes of a tile a thread copies: each warp instruction moves a block of 4 rows x 64
-// columns, that is four whole 128-byte lines of global memory (coalesced), into 8 distinct bank
-// groups of each slab it writes (lane l: row (l >> 1) & 3, columns 16 * (l >> 3) + 8 * (l & 1);
-// no conflict on the store). Warps take the D/64 lines of a row in turn, then the next 4 rows.
-template <int Threads, int D>
+// columns, that is four whole 128-byte lines of global memory (coalesced), with no bank conflict
+// on the store. Two ways to hand out the pieces:
+// - Lines (K and V, see kv_lines): 8 consecutive lanes take one line (lane l: row l >> 3,
+//   columns 8 * (l & 7)). L1 serves a 16-byte load of a warp 8 lanes at a time, one wavefront
+//   per line those 8 lanes touch: 4 wavefronts per warp load. The 8 lanes store into the 4
+//   slabs of that line, conflict-free thanks to the slabs' spare rows.
+// - Rows (lane l: row (l >> 1) & 3, columns 16 * (l >> 3) + 8 * (l & 1)): 8 consecutive lanes
+//   take 32 bytes of each of the 4 rows, 16 wavefronts per warp load, 4 times the L1 work.
+//   Every tile was loaded so until the key-warp CTA got lines (notebook: "Loads by lines"); in
+//   decode, where loading is nearly all the work, L1's data pipeline was then 87% busy (ncu:
+//   16.0 wavefronts per global load request, against 4.0 for 03).
+// Warps take the D/64 lines of a row in turn, then the next 4 rows.
+template <int Threads, int D, bool Lines>
 struct PieceMap {
   static constexpr int kLines = D / 64;                         // 128-byte lines per row (16-bit types)
   static constexpr int kRowStep = 4 * (Threads / 32) / kLines;  // rows between a thread's pieces
@@ -241,10 +253,15 @@ struct PieceMap {
   int row, col;  // this thread's first row, and the first of its 8 columns
   __device__ __forceinline__ PieceMap() {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    row = 4 * (warp / kLines) + ((lane >> 1) & 3);
-    col = 64 * (warp % kLines) + 16 * (lane >> 3) + 8 * (lane & 1);
+    row = 4 * (warp / kLines) + (Lines ? lane >> 3 : (lane >> 1) & 3);
+    col = 64 * (warp % kLines) + (Lines ? 8 * (lane & 7) : 16 * (lane >> 3) + 8 * (lane & 1));
   }
 };
+// The large CTA's K and V pieces go by lines at D = 64. At D = 128 its 16-warp kernel spills 116
+// bytes per thread with them instead of 92 (ptxas; the map is the only change) and ran
+// prefill_d128_s4096 3% slower (3717 against 3604 us), so it keeps rows, as does Q, loaded once
+// per work item. At D = 64 lines took prefill_d64_s4096 from 3835 to 3442 us (development runs).
+constexpr bool kv_lines(int d) { return d == 64; }
 
 // Copy rows of D elements into a shared-memory tile, 16 bytes per thread per step (PieceMap);
 // row r comes from src_row(r), or is zero when that returns null (past the end: zeros keep P.V
@@ -252,7 +269,7 @@ struct PieceMap {
 // into a few instructions per 16 bytes, with no division.
 template <int Threads, typename T, int D, int Rows, typename RowFn>
 __device__ __forceinline__ void load_tile(Slabs<T, Rows, D>& tile, RowFn src_row, bool negate) {
-  using Map = PieceMap<Threads, D>;
+  using Map = PieceMap<Threads, D, false>;
   static_assert(Rows % Map::kRowStep == 0, "every thread copies the same pieces");
   const Map m;
 #pragma unroll
@@ -272,7 +289,7 @@ __device__ __forceinline__ void load_tile(Slabs<T, Rows, D>& tile, RowFn src_row
 // map and one pointer step per row. Whole tiles go through load_kv_batch below.
 template <int Threads, typename T, int D, int Rows>
 __device__ __forceinline__ void load_rows(Slabs<T, Rows, D>& tile, const T* src, int64_t stride, int64_t valid) {
-  using Map = PieceMap<Threads, D>;
+  using Map = PieceMap<Threads, D, kv_lines(D)>;
   constexpr int kRowStep = Map::kRowStep;
   const Map m;
   T* dst = &tile[m.col / 16][m.row][m.col % 16];
@@ -291,7 +308,7 @@ __device__ __forceinline__ void load_rows(Slabs<T, Rows, D>& tile, const T* src,
 template <int Threads, typename T, int D, int Rows>
 __device__ __forceinline__ void load_kv_batch(Slabs<T, Rows, D>& k_tile, Slabs<T, Rows, D>& v_tile, const T* k,
                                               int64_t k_stride, const T* v, int64_t v_stride) {
-  using Map = PieceMap<Threads, D>;
+  using Map = PieceMap<Threads, D, kv_lines(D)>;
   constexpr int kRowStep = Map::kRowStep, kSteps = Rows / kRowStep;
   const Map m;
   const T* k_row = k + m.row * k_stride + m.col;
@@ -307,6 +324,37 @@ __device__ __forceinline__ void load_kv_batch(Slabs<T, Rows, D>& k_tile, Slabs<T
   for (int j = 0; j < kSteps; ++j) *reinterpret_cast<Pack<8>*>(k_dst + j * kRowStep * 16) = k_piece[j];
 #pragma unroll
   for (int j = 0; j < kSteps; ++j) *reinterpret_cast<Pack<8>*>(v_dst + j * kRowStep * 16) = v_piece[j];
+}
+
+// Copy rows [row0, row0 + Rows) of a K tile and of a V tile, by one warp (a key warp's own keys:
+// no other warp reads them), by lines (see PieceMap): each warp instruction moves 4 rows x 64
+// columns. All of a lane's loads are issued before its first store, as in load_kv_batch: the
+// same 4 registers per 16 bytes. Rows from valid on (a block's partial last tile) are zeros.
+template <typename T, int D, int TileRows, int Rows, bool kPartial>
+__device__ __forceinline__ void load_kv_warp(Slabs<T, TileRows, D>& k_tile, Slabs<T, TileRows, D>& v_tile, int row0,
+                                             const T* k, int64_t k_stride, const T* v, int64_t v_stride, int64_t valid,
+                                             int lane) {
+  constexpr int kLines = D / 64, kSteps = Rows / 4 * kLines;
+  const int r = row0 + (lane >> 3), c = 8 * (lane & 7);
+  Pack<8> k_piece[kSteps], v_piece[kSteps];
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j) {
+    const int row = r + 4 * (j / kLines), col = 64 * (j % kLines) + c;
+    k_piece[j] = Pack<8>{};
+    if (!kPartial || row < valid) k_piece[j] = load_pack<8>(k + row * k_stride + col);
+  }
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j) {
+    const int row = r + 4 * (j / kLines), col = 64 * (j % kLines) + c;
+    v_piece[j] = Pack<8>{};
+    if (!kPartial || row < valid) v_piece[j] = load_pack<8>(v + row * v_stride + col);
+  }
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j) {
+    const int row = r + 4 * (j / kLines), col = 64 * (j % kLines) + c;
+    *reinterpret_cast<Pack<8>*>(&k_tile[col / 16][row][col % 16]) = k_piece[j];
+    *reinterpret_cast<Pack<8>*>(&v_tile[col / 16][row][col % 16]) = v_piece[j];
+  }
 }
 
 // One work item: the CTA's Br packed rows of kv head h_kv (row r = query position r / group of
@@ -379,17 +427,32 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   // tile reaches past some row's last key.
   auto attend_tile = [&](int64_t kv_tile, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
-    // 3. K and V tiles, shared by the CTA's warps (zeros past block_end). A whole tile's K and V
-    //    loads go in one batch (load_kv_batch), in flight together; development runs:
-    //    prefill_d64_s4096 3706 us batched, 4054 not.
-    if (block_end - kv_tile >= kBc) {
-      load_kv_batch<kThreads, T, D, kBc>(sm.kv.k, sm.kv.v, k + kv_tile * p.k_seq_stride, p.k_seq_stride,
-                                         v + kv_tile * p.v_seq_stride, p.v_seq_stride);
+    // 3. K and V tiles (zeros past block_end). A thread's K and V loads of a tile go in one
+    //    batch, in flight together; development runs: prefill_d64_s4096 3706 us batched, 4054
+    //    not. A key warp reads only its own keys of the tile: it loads them itself and waits
+    //    for no other warp (but for Q, stored by every thread, before its first tile). Against
+    //    the whole CTA loading the tile between two barriers (development runs):
+    //    decode_b1_sk131072 179.9 -> 168.2 us, decode_b8_sk32768 346.4 -> 322.5.
+    if constexpr (KW > 1) {
+      const T* k_tile = k + kv_tile * p.k_seq_stride;
+      const T* v_tile = v + kv_tile * p.v_seq_stride;
+      if (block_end - kv_tile >= kBc)
+        load_kv_warp<T, D, kBc, kBc / KW, false>(sm.kv.k, sm.kv.v, key0, k_tile, p.k_seq_stride, v_tile, p.v_seq_stride, kBc, lane);
+      else
+        load_kv_warp<T, D, kBc, kBc / KW, true>(sm.kv.k, sm.kv.v, key0, k_tile, p.k_seq_stride, v_tile, p.v_seq_stride,
+                                                block_end - kv_tile, lane);
+      if (kv_tile == kv_begin) __syncthreads();
+      else __syncwarp();
     } else {
-      load_rows<kThreads, T, D, kBc>(sm.kv.k, k + kv_tile * p.k_seq_stride, p.k_seq_stride, block_end - kv_tile);
-      load_rows<kThreads, T, D, kBc>(sm.kv.v, v + kv_tile * p.v_seq_stride, p.v_seq_stride, block_end - kv_tile);
+      if (block_end - kv_tile >= kBc) {
+        load_kv_batch<kThreads, T, D, kBc>(sm.kv.k, sm.kv.v, k + kv_tile * p.k_seq_stride, p.k_seq_stride,
+                                           v + kv_tile * p.v_seq_stride, p.v_seq_stride);
+      } else {
+        load_rows<kThreads, T, D, kBc>(sm.kv.k, k + kv_tile * p.k_seq_stride, p.k_seq_stride, block_end - kv_tile);
+        load_rows<kThreads, T, D, kBc>(sm.kv.v, v + kv_tile * p.v_seq_stride, p.v_seq_stride, block_end - kv_tile);
+      }
+      __syncthreads();
     }
-    __syncthreads();
 
     if (warp_active) {
       // 4. S = Q.K^T for this warp's 16 rows and its keys: kKeyFrags accumulator fragments of 16
@@ -464,11 +527,14 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
         }
       }
     }
-    __syncthreads();  // the next tile overwrites K and V
+    // The next tile overwrites K and V: the CTA's warps read all of it, a key warp only its keys.
+    if constexpr (KW > 1) __syncwarp();
+    else __syncthreads();
   };
   int64_t kv_tile = kv_begin;
   for (; kv_tile < unmasked_end; kv_tile += kBc) attend_tile(kv_tile, std::false_type{});
   for (; kv_tile < block_end; kv_tile += kBc) attend_tile(kv_tile, std::true_type{});
+  if constexpr (KW > 1) __syncthreads();  // the O blocks below overlay every key warp's K and V
 
   // 7. Normalise: l is the quad's sum; O /= l; LSE = m + log l. An empty row has l = 0: O = 0,
   //    LSE = -inf. Stage the block in shared memory (over the K/V tiles, which the barrier

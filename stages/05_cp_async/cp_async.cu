@@ -216,6 +216,30 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// cp.async of 16 bytes, src_bytes of them read from global memory (the rest zero-filled), in
+// PTX: __pipeline_memcpy_async, which 05 used before, emits .cg for 16 bytes, through L2 only.
+// Two cache policies:
+// - copy16 (.ca) allocates the lines in L1 as well, where the other CTAs of the SM find the
+//   tiles they share (several query blocks of a head read the same K and V). Against .cg,
+//   development runs: prefill_d128_s4096 2150 -> 2060 us, prefill_d64_s4096 2761 -> 2559,
+//   sweep_bh64 10.17 -> 9.12.
+// - copy16_stream (.cg.L2::128B) goes through L2 only and has L2 fetch each 128-byte line whole
+//   on a miss: for tiles that one CTA alone reads (decode). Against .ca: decode_b8_sk131072
+//   1018 -> 991 us, decode_b1_sk131072 140.0 -> 137.0, decode_b1_sk4096 15.0 -> 14.25 (.cg
+//   without the hint: 1018, 140.7, 14.25; ncu: .cg makes 1.5 times the L2 sector reads of
+//   .ca for the same DRAM bytes, 201M against 134M, 16-byte requests for which the hint
+//   fetches the rest of the line ahead).
+__device__ __forceinline__ void copy16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void copy16_stream(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
 // Start copying rows of D elements into a shared-memory tile with cp.async, 16 bytes per thread
 // per step; row r comes from src_row(r), or is zero-filled when that returns null (past the end:
 // zeros keep P.V finite). Nothing waits here: the caller commits and later waits.
@@ -231,8 +255,7 @@ __device__ __forceinline__ void load_tile_async(T (&tile)[Rows][Ld], const T* an
   for (int r = threadIdx.x / kChunks; r < Rows; r += kRowStep) {
     const T* src = src_row(r);
     // Zero-fill reads no source bytes, but the address is kept valid all the same.
-    __pipeline_memcpy_async(&tile[r][piece * 8], (src != nullptr ? src : any_valid) + piece * 8, 16,
-                            src != nullptr ? 0 : 16);
+    copy16(&tile[r][piece * 8], (src != nullptr ? src : any_valid) + piece * 8, src != nullptr ? 16 : 0);
   }
 }
 
@@ -249,12 +272,40 @@ __device__ __forceinline__ void load_rows_async(T (&tile)[Rows][Ld], const T* an
   if (valid >= Rows) {
 #pragma unroll
     for (int j = 0; j < Rows / kRowStep; ++j, row += kRowStep * stride)
-      __pipeline_memcpy_async(&tile[r0 + j * kRowStep][piece * 8], row, 16);
+      copy16(&tile[r0 + j * kRowStep][piece * 8], row, 16);
   } else {
 #pragma unroll
     for (int j = 0; j < Rows / kRowStep; ++j, row += kRowStep * stride) {
       const bool in = r0 + j * kRowStep < valid;
-      __pipeline_memcpy_async(&tile[r0 + j * kRowStep][piece * 8], in ? row : any_valid, 16, in ? 0 : 16);
+      copy16(&tile[r0 + j * kRowStep][piece * 8], in ? row : any_valid, in ? 16 : 0);
+    }
+  }
+}
+
+// The same for rows [row0, row0 + WarpRows) of the tile, by one warp (a key warp's own keys: no
+// other warp reads them): lane l copies piece l % (D/8) of rows row0 + l / (D/8), + 32 / (D/8), ...
+// With stream, through L2 only (copy16_stream).
+template <typename T, int D, int WarpRows, int Rows, int Ld>
+__device__ __forceinline__ void load_warp_rows_async(T (&tile)[Rows][Ld], int row0, const T* any_valid, const T* src,
+                                                     int64_t stride, int64_t valid, int lane, bool stream) {
+  auto copy = [stream](void* dst, const void* from, int src_bytes) {
+    if (stream) copy16_stream(dst, from, src_bytes);
+    else copy16(dst, from, src_bytes);
+  };
+  constexpr int kChunks = D / 8;
+  constexpr int kRowStep = kWarp / kChunks;
+  static_assert(WarpRows % kRowStep == 0, "every lane copies the same pieces");
+  const int piece = lane % kChunks, r0 = row0 + lane / kChunks;
+  const T* row = src + r0 * stride + piece * 8;
+  if (valid >= row0 + WarpRows) {
+#pragma unroll
+    for (int j = 0; j < WarpRows / kRowStep; ++j, row += kRowStep * stride)
+      copy(&tile[r0 + j * kRowStep][piece * 8], row, 16);
+  } else {
+#pragma unroll
+    for (int j = 0; j < WarpRows / kRowStep; ++j, row += kRowStep * stride) {
+      const bool in = r0 + j * kRowStep < valid;
+      copy(&tile[r0 + j * kRowStep][piece * 8], in ? row : any_valid, in ? 16 : 0);
     }
   }
 }
@@ -319,9 +370,18 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
     return q_base + i * p.q_seq_stride + h * p.q_head_stride;
   });
   __pipeline_commit();
+  // A key warp reads only its own keys of a tile: it copies them itself (and waits for no other
+  // warp). With one query block per (batch, kv head), as in decode, each tile is read by this CTA
+  // alone: it streams through L2 only (see copy16_stream).
+  const bool stream = split.q_blocks == 1;
   auto issue_tile = [&](int64_t kv_tile, int stage) {
-    load_rows_async<kThreads, T, D, kBc>(sm.kv.k[stage], k, k + kv_tile * p.k_seq_stride, p.k_seq_stride, block_end - kv_tile);
-    load_rows_async<kThreads, T, D, kBc>(sm.kv.v[stage], k, v + kv_tile * p.v_seq_stride, p.v_seq_stride, block_end - kv_tile);
+    if constexpr (KW > 1) {
+      load_warp_rows_async<T, D, kBc / KW>(sm.kv.k[stage], key0, k, k + kv_tile * p.k_seq_stride, p.k_seq_stride, block_end - kv_tile, lane, stream);
+      load_warp_rows_async<T, D, kBc / KW>(sm.kv.v[stage], key0, k, v + kv_tile * p.v_seq_stride, p.v_seq_stride, block_end - kv_tile, lane, stream);
+    } else {
+      load_rows_async<kThreads, T, D, kBc>(sm.kv.k[stage], k, k + kv_tile * p.k_seq_stride, p.k_seq_stride, block_end - kv_tile);
+      load_rows_async<kThreads, T, D, kBc>(sm.kv.v[stage], k, v + kv_tile * p.v_seq_stride, p.v_seq_stride, block_end - kv_tile);
+    }
   };
   if (kv_begin < block_end) issue_tile(kv_begin, 0);
   __pipeline_commit();
@@ -350,7 +410,8 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
     if (kv_tile + kBc < block_end) issue_tile(kv_tile + kBc, stage ^ 1);
     __pipeline_commit();
     __pipeline_wait_prior(1);
-    __syncthreads();
+    if constexpr (KW > 1) __syncwarp();
+    else __syncthreads();
 
     if (warp_active) {
       // 4. S = Q.K^T for this warp's 16 rows and its keys: kKeyFrags accumulator fragments of
@@ -420,7 +481,9 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
         }
       }
     }
-    __syncthreads();  // the next iteration's prefetch overwrites this stage
+    // The next iteration's prefetch overwrites this stage.
+    if constexpr (KW > 1) __syncwarp();
+    else __syncthreads();
   };
   int64_t kv_tile = kv_begin;
   int stage = 0;
