@@ -373,10 +373,11 @@ __device__ __forceinline__ void attend_rows(const AttnParams& p, const SplitArgs
 // Summing the splits in index order keeps the result bit-identical run to run. The partials were
 // written by other SMs in this launch: they are read through L2 (__ldcg), never a stale L1 line.
 template <typename T, int D>
-__device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& split, int64_t row, int lane) {
+__device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& split, int64_t b, int64_t h, int64_t i,
+                                          int lane) {
   constexpr int E = D / kWarp;
   const int64_t n_rows = p.b * p.hq * p.sq;
-  const int64_t i = row % p.sq, h = (row / p.sq) % p.hq, b = row / (p.sq * p.hq);
+  const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
 
   float m = -INFINITY;
   for (int s = lane; s < split.num_splits; s += kWarp) m = fmaxf(m, __ldcg(split.lse_partial + s * n_rows + row));
@@ -482,7 +483,7 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D)) 
         const int64_t i = r / chunks, h0 = (h_kv * chunks + r % chunks) * HPW;
 #pragma unroll
         for (int hh = 0; hh < HPW; ++hh)  // the key warps of a row share out its heads
-          if (hh % KW == warp % KW) merge_row<T, D>(p, split, (b * p.hq + h0 + hh) * p.sq + i, lane);
+          if (hh % KW == warp % KW) merge_row<T, D>(p, split, b, h0 + hh, i, lane);
       }
     }
     if (!queue) break;

@@ -376,16 +376,19 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
   const int rw = warp / KW, kw = warp % KW;  // this warp's row block and share of the keys
   const int key0 = kw * (kBc / KW);          // its first key in a tile
-  const int64_t group = p.hq / p.hkv;
-  const int64_t rows = p.sq * group;  // packed rows of this (batch, kv head)
-  const int64_t row0 = q_block * kBr;
+  // Packed rows in 32 bits (make_launch keeps them under 2^31): a 64-bit division by a runtime
+  // value is a software routine of tens of instructions, and Q's rows, each row's key range and
+  // the store take one per row.
+  const unsigned group = static_cast<unsigned>(p.hq) / static_cast<unsigned>(p.hkv);
+  const unsigned rows = static_cast<unsigned>(p.sq) * group;  // packed rows of this (batch, kv head)
+  const unsigned row0 = static_cast<unsigned>(q_block) * kBr;
   const T* q_base = static_cast<const T*>(p.q) + b * p.q_batch_stride;
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;  // [Sk][D], row stride k_seq_stride
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;  // [Sk][D], row stride v_seq_stride
 
   // 1. Keys: this split's range, cut by the causal mask of each row; the block needs keys up to
   //    the end of its last row (with the bottom-right mask, the longest).
-  auto row_end = [&](int64_t r) {
+  auto row_end = [&](unsigned r) {
     const int64_t i = r / group;
     const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
     return min(n_keys, (split_idx + 1) * split.keys_per_split);
@@ -405,7 +408,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   float m[2], l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t r = row0 + rw * 16 + map.row(h);
+    const unsigned r = row0 + rw * 16 + map.row(h);
     end[h] = r < rows ? row_end(r) : block_end;
     m[h] = -INFINITY, l[h] = 0.0f;
   }
@@ -414,7 +417,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   //    so Q's loads and the first K/V tile's are in flight together.
   load_tile<kThreads, T, D, kBr>(sm.q, [&](int r) -> const T* {
     if (row0 + r >= rows) return nullptr;
-    const int64_t i = (row0 + r) / group, h = h_kv * group + (row0 + r) % group;
+    const unsigned i = (row0 + r) / group, h = static_cast<unsigned>(h_kv) * group + (row0 + r) % group;
     return q_base + i * p.q_seq_stride + h * p.q_head_stride;
   }, p.scale < 0.0f);
   const bool warp_active = row0 + rw * 16 < rows;  // warp-uniform: skip blocks of padding rows
@@ -560,13 +563,18 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   // 8. Store: warp (rw, kw) takes rows [16 rw + kw 16/KW, + 16/KW). With key warps, it first merges
   //    their KW parts of each row as the splits are merged (see merge_row): with M the largest of
   //    their LSEs, O = sum_w exp(LSE_w - M) O_w / sum_w exp(LSE_w - M), LSE = M + log of that sum.
-  //    The answer when there is one split, else this split's part.
+  //    The answer when there is one split, else this split's part. The rows are independent:
+  //    unrolled, their loads and exponentials overlap. The first row's query position i and head
+  //    come from one division, the next rows' by counting.
   constexpr int E = D / kWarp, kRowsPerWarp = 16 / KW;
   const int64_t n_rows = p.b * p.hq * p.sq;
-  for (int t = 0; t < kRowsPerWarp; ++t) {
-    const int rr = rw * 16 + kw * kRowsPerWarp + t;
-    if (row0 + rr >= rows) break;
-    const int64_t i = (row0 + rr) / group, h = h_kv * group + (row0 + rr) % group;
+  const int rr0 = rw * 16 + kw * kRowsPerWarp;
+  unsigned i = (row0 + rr0) / group, hg = (row0 + rr0) % group;  // head h = h_kv * group + hg
+#pragma unroll
+  for (int t = 0; t < kRowsPerWarp; ++t, hg = hg + 1 == group ? 0 : hg + 1, i += hg == 0) {
+    const int rr = rr0 + t;
+    if (row0 + rr >= rows) continue;  // past the last row (so are the rest)
+    const int64_t h = h_kv * group + hg;
     const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
     float o_row[E], lse;
     if constexpr (KW == 1) {
@@ -610,10 +618,11 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
 // Summing the splits in index order keeps the result bit-identical run to run. The partials were
 // written by other SMs in this launch: they are read through L2 (__ldcg), never a stale L1 line.
 template <typename T, int D>
-__device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& split, int64_t row, int lane) {
+__device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& split, int64_t b, int64_t h, int64_t i,
+                                          int lane) {
   constexpr int E = D / kWarp;
   const int64_t n_rows = p.b * p.hq * p.sq;
-  const int64_t i = row % p.sq, h = (row / p.sq) % p.hq, b = row / (p.sq * p.hq);
+  const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
 
   float m = -INFINITY;
   for (int s = lane; s < split.num_splits; s += kWarp) m = fmaxf(m, __ldcg(split.lse_partial + s * n_rows + row));
@@ -710,11 +719,9 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps)) wmma_ke
       __syncthreads();
       if (s_last) {
         __threadfence();  // order the partial reads after the other CTAs' arrivals
-        const int64_t group = p.hq / p.hkv, rows = p.sq * group;
-        for (int rr = warp; rr < kBr && q_block * kBr + rr < rows; rr += Warps) {
-          const int64_t r = q_block * kBr + rr, i = r / group, h = h_kv * group + r % group;
-          merge_row<T, D>(p, split, (b * p.hq + h) * p.sq + i, lane);
-        }
+        const unsigned group = static_cast<unsigned>(p.hq) / static_cast<unsigned>(p.hkv), rows = static_cast<unsigned>(p.sq) * group;
+        for (unsigned r = static_cast<unsigned>(q_block) * kBr + warp; r < (q_block + 1) * kBr && r < rows; r += Warps)
+          merge_row<T, D>(p, split, b, h_kv * group + r % group, r / group, lane);
       }
     }
     if (!queue) break;
@@ -791,6 +798,10 @@ Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
   const int64_t packed_rows = p.sq * (p.hq / p.hkv);  // (query position, head) rows per (batch, kv head)
+  constexpr int64_t kMax32 = int64_t{1} << 31;  // the kernel counts heads and packed rows in 32 bits
+  if (p.hq >= kMax32 || packed_rows >= kMax32)
+    return Status::Error("Hq (" + std::to_string(p.hq) + ") and Sq * Hq / Hkv (" + std::to_string(packed_rows) +
+                         ") must be under stage 04's limit 2^31");
   auto configure = [&](bool small, Launch* c) -> Status {
     const int warps = small ? kWarpsSmall : large_warps(static_cast<int>(p.d));
     c->warps = warps;
