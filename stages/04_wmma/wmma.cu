@@ -560,47 +560,13 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   if constexpr (KW == 1) __syncwarp();
   else __syncthreads();
 
-  // 8. Store: warp (rw, kw) takes rows [16 rw + kw 16/KW, + 16/KW). With key warps, it first merges
-  //    their KW parts of each row as the splits are merged (see merge_row): with M the largest of
-  //    their LSEs, O = sum_w exp(LSE_w - M) O_w / sum_w exp(LSE_w - M), LSE = M + log of that sum.
-  //    The answer when there is one split, else this split's part. The rows are independent:
-  //    unrolled, their loads and exponentials overlap. The first row's query position i and head
-  //    come from one division, the next rows' by counting.
+  // 8. Store. With M the largest of the KW key warps' LSEs of a row, its output is
+  //    O = sum_w exp(LSE_w - M) O_w / sum_w exp(LSE_w - M) and LSE = M + log of that sum, the merge
+  //    of the splits (see merge_row). The answer when there is one split, else this split's part.
   constexpr int E = D / kWarp, kRowsPerWarp = 16 / KW;
   const int64_t n_rows = p.b * p.hq * p.sq;
-  const int rr0 = rw * 16 + kw * kRowsPerWarp;
-  unsigned i = (row0 + rr0) / group, hg = (row0 + rr0) % group;  // head h = h_kv * group + hg
-#pragma unroll
-  for (int t = 0; t < kRowsPerWarp; ++t, hg = hg + 1 == group ? 0 : hg + 1, i += hg == 0) {
-    const int rr = rr0 + t;
-    if (row0 + rr >= rows) continue;  // past the last row (so are the rest)
-    const int64_t h = h_kv * group + hg;
+  auto store_row = [&](unsigned i, int64_t h, const float (&o_row)[E], float lse) {
     const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE index, partials' row
-    float o_row[E], lse;
-    if constexpr (KW == 1) {
-#pragma unroll
-      for (int e = 0; e < E; ++e) o_row[e] = sm.o[0][rr][lane * E + e];
-      lse = sm.row_lse[0][rr];
-    } else {
-      float m_all = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < KW; ++w) m_all = fmaxf(m_all, sm.row_lse[w][rr]);
-      const float shift = m_all == -INFINITY ? 0.0f : m_all;
-      float sum_w = 0.0f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) o_row[e] = 0.0f;
-#pragma unroll
-      for (int w = 0; w < KW; ++w) {
-        const float weight = expf(sm.row_lse[w][rr] - shift);  // 0 for a warp that saw no key
-        sum_w += weight;
-#pragma unroll
-        for (int e = 0; e < E; ++e) o_row[e] += weight * sm.o[w][rr][lane * E + e];
-      }
-      const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) o_row[e] *= inv;
-      lse = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
-    }
     if (split.num_splits == 1) {
       T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
       store_from_float<E>(o + lane * E, o_row);
@@ -608,6 +574,57 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
     } else {
       store_floats<E>(split.o_partial + (split_idx * n_rows + row) * D + lane * E, o_row);
       if (lane == 0) split.lse_partial[split_idx * n_rows + row] = lse;
+    }
+  };
+  if constexpr (KW == 1) {
+    // One warp per row block: warp rw stores rows [16 rw, 16 rw + 16), unrolled so that their
+    // loads overlap. The first row's query position i and head come from one division, the next
+    // rows' by counting.
+    const int rr0 = rw * 16;
+    unsigned i = (row0 + rr0) / group, hg = (row0 + rr0) % group;  // head h = h_kv * group + hg
+#pragma unroll
+    for (int t = 0; t < 16; ++t, hg = hg + 1 == group ? 0 : hg + 1, i += hg == 0) {
+      if (row0 + rr0 + t >= rows) continue;  // past the last row (so are the rest)
+      float o_row[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_row[e] = sm.o[0][rr0 + t][lane * E + e];
+      store_row(i, h_kv * group + hg, o_row, sm.row_lse[0][rr0 + t]);
+    }
+  } else {
+    // Key warps: warp (rw, kw) merges and stores rows 16 rw + kw + KW t, t < 16/KW. The key warps
+    // take turns, so that a block with fewer than 16 rows (decode: Hq/Hkv of them) still spreads
+    // them over its warps. All the warp's rows are read and merged first, with no branch in
+    // between, so that their shared-memory loads and exponentials overlap (rows past the last hold
+    // finite padding and are never stored); then they are stored, a 32-bit division each for
+    // their query position and head.
+    float o_row[kRowsPerWarp][E], lse[kRowsPerWarp];
+#pragma unroll
+    for (int t = 0; t < kRowsPerWarp; ++t) {
+      const int rr = rw * 16 + kw + KW * t;
+      float lse_w[KW], m_all = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < KW; ++w) lse_w[w] = sm.row_lse[w][rr], m_all = fmaxf(m_all, lse_w[w]);
+      const float shift = m_all == -INFINITY ? 0.0f : m_all;
+      float sum_w = 0.0f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_row[t][e] = 0.0f;
+#pragma unroll
+      for (int w = 0; w < KW; ++w) {
+        const float weight = expf(lse_w[w] - shift);  // 0 for a warp that saw no key
+        sum_w += weight;
+#pragma unroll
+        for (int e = 0; e < E; ++e) o_row[t][e] += weight * sm.o[w][rr][lane * E + e];
+      }
+      const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_row[t][e] *= inv;
+      lse[t] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+    }
+#pragma unroll
+    for (int t = 0; t < kRowsPerWarp; ++t) {
+      const unsigned r = row0 + rw * 16 + kw + KW * t;
+      if (r >= rows) break;  // past the last row (so are the rest)
+      store_row(r / group, h_kv * group + r % group, o_row[t], lse[t]);
     }
   }
 }
