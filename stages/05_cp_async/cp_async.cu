@@ -620,10 +620,22 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& 
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
+// Resident CTAs per SM, the bound given to the compiler: 0, no bound (as if omitted; ptxas takes
+// what it needs, see the file header), except for the small CTA at D = 64, which declares 3.
+// Unbounded, ptxas gives it 128 registers (4 CTAs per SM); declaring 3 it takes 137-139 and
+// schedules a tile's fragment loads and products differently. Development run (medians of 3):
+// seed 4.63 -> 4.48 us, sweep_bh16 4.96 -> 4.80, sweep_bh64 8.11 -> 7.96 (its 512 items no
+// longer fit the small CTA's 396 slots, and the large CTA takes them). The same bound at D = 128
+// (168 registers instead of 202, 3 CTAs per SM instead of 2) lost on decode: decode_b1_sk32768
+// 42.1 -> 46.2 us. Stage 04's small CTA at D = 64 gains the same way from more registers (seed
+// 4.91 -> 4.77 us at 159), but there they cost its fourth CTA per SM, and sweep_bh64 went from
+// 9.96 to 12.56 us, so 04 keeps 123.
+constexpr int min_ctas_per_sm(int warps, int d) { return warps == kWarpsSmall && d == 64 ? 3 : 0; }
+
 // grid = min(work items, resident CTAs), block Warps warps, KW of them on each row block. Each
 // CTA loops over work items.
 template <typename T, int D, int Warps, int KW>
-__global__ void __launch_bounds__(Warps * kWarp) cp_async_kernel(const AttnParams p, const SplitArgs split) {
+__global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D)) cp_async_kernel(const AttnParams p, const SplitArgs split) {
   constexpr int kBr = 16 * Warps / KW;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem<T, D, Warps, KW>& sm = *reinterpret_cast<Smem<T, D, Warps, KW>*>(smem_raw);
