@@ -215,6 +215,22 @@ TEST_CASE("the same inputs twice give bit-identical outputs") {
   }
 }
 
+// The stream, graph and executable graph of one capture, destroyed when it goes out of scope, also
+// when a REQUIRE ends the test case early.
+struct CapturedLaunch {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CapturedLaunch() = default;
+  CapturedLaunch(const CapturedLaunch&) = delete;
+  CapturedLaunch& operator=(const CapturedLaunch&) = delete;
+  ~CapturedLaunch() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+};
+
 TEST_CASE("a launch captured into a CUDA graph gives what the same launch gives on a stream") {
   // The benchmarks time latency-bound shapes as graphs of launches. Stages 04+ check the WMMA
   // fragment layout at their first launch on a device, outside any capture; later launches
@@ -235,21 +251,18 @@ TEST_CASE("a launch captured into a CUDA graph gives what the same launch gives 
       DeviceBuffer ws;
       REQUIRE(ws.allocate(workspace_bytes(stage, problem.params())).ok());
       REQUIRE(problem.poison_outputs().ok());
-      cudaStream_t stream = nullptr;
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
-      REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed) == cudaSuccess);
-      const Status st = stage.launch(problem.params(), Workspace{ws.get(), ws.bytes()}, stream);
-      const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-      CHECK_MESSAGE(st.ok(), st.message());
-      REQUIRE(ended == cudaSuccess);
-      REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
-      REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
-      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      cudaStreamDestroy(stream);
+      {
+        CapturedLaunch c;
+        REQUIRE(cudaStreamCreate(&c.stream) == cudaSuccess);
+        REQUIRE(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+        const Status st = stage.launch(problem.params(), Workspace{ws.get(), ws.bytes()}, c.stream);
+        const cudaError_t ended = cudaStreamEndCapture(c.stream, &c.graph);
+        CHECK_MESSAGE(st.ok(), st.message());
+        REQUIRE(ended == cudaSuccess);
+        REQUIRE(cudaGraphInstantiate(&c.exec, c.graph, 0) == cudaSuccess);
+        REQUIRE(cudaGraphLaunch(c.exec, c.stream) == cudaSuccess);
+        REQUIRE(cudaStreamSynchronize(c.stream) == cudaSuccess);
+      }
       REQUIRE(problem.download_output(&replayed).ok());
       CHECK(std::memcmp(streamed.o.data(), replayed.o.data(), streamed.o.size() * sizeof(float)) == 0);
       CHECK(std::memcmp(streamed.lse.data(), replayed.lse.data(), streamed.lse.size() * sizeof(float)) == 0);
