@@ -7,8 +7,8 @@
 // fp32, so the Sq x Sk score matrix never exists in memory. No shared-memory tiles, no tensor
 // cores: every K and V row is read from global memory (through L1/L2) by every warp that needs it.
 //
-// Figures (H200, results/h200/, commit 9d7ed56): seed 10.3 us (FA2 5.87 us: 0.57x);
-// prefill_d128_s4096 6.1 TFLOP/s (FA2 329); decode_b1_sk131072 24 GB/s (copy 4216).
+// Figures (H200, results/h200/, commit 1f7b790): seed 10.3 us (FA2 5.45 us: 0.53x);
+// prefill_d128_s4096 6.1 TFLOP/s (FA2 335); decode_b1_sk131072 24 GB/s (copy 4200).
 // Why: notebooks_md/01_naive.md.
 #include <cmath>
 

@@ -12,8 +12,8 @@
 // coalesced by lane groups, and four warps split that row's keys once more inside the CTA (as they
 // do for any grid too small for the GPU: the seed shape runs as one launch).
 //
-// Figures (H200, results/h200/, commit 9d7ed56): seed 4.67 us (2.21x over 01); decode_b1_sk131072
-// 3817 GB/s, decode_b8_sk32768 3928 GB/s (92% and 90% of cuDNN in the same run).
+// Figures (H200, results/h200/, commit 1f7b790): seed 4.67 us (2.21x over 01); decode_b1_sk131072
+// 3815 GB/s, decode_b8_sk32768 3923 GB/s (92% and 90% of cuDNN in the same run).
 // Why: notebooks_md/02_kv_split.md.
 #include <algorithm>
 #include <cmath>

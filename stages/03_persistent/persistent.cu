@@ -11,8 +11,8 @@
 // everything. The counters live in the workspace and every launch leaves them zero, so a launch
 // (or a CUDA graph node) needs no memset before it.
 //
-// Figures (H200, results/h200/, commit 9d7ed56): seed 4.70 us (FA2 5.87 in the same run);
-// decode_b1_sk131072 3578 GB/s (0.94x of 02); prefill_d128_s4096_causal 6.10 TFLOP/s (0.99x of 02).
+// Figures (H200, results/h200/, commit 1f7b790): seed 4.71 us (FA2 5.45 in the same run);
+// decode_b1_sk131072 3575 GB/s (0.94x of 02); prefill_d128_s4096_causal 6.10 TFLOP/s (0.99x of 02).
 // Why: notebooks_md/03_persistent.md.
 #include <algorithm>
 #include <cmath>

@@ -13,9 +13,9 @@
 // fragments), in the layout checked before the first launch. Scheduling (persistent CTAs, split-KV,
 // fused merge) is 03's.
 //
-// Figures (H200, results/h200/, commit 9d7ed56): prefill_d128_s4096 153.4 TFLOP/s (24.9x over 03;
-// 0.47x of FA2's 329.2 in the same run; 102.2% of the 150 target, met; 146.8 with 2 CTAs of 8 warps
-// at a542ccf), causal 141.0; seed 4.91 us (03: 4.70); decode_b1_sk131072 3988 GB/s (1.11x of 03).
+// Figures (H200, results/h200/, commit 1f7b790): prefill_d128_s4096 153.4 TFLOP/s (24.9x over 03;
+// 0.46x of FA2's 335.2 in the same run; 102.2% of the 150 target, met; 146.8 with 2 CTAs of 8 warps
+// at a542ccf), causal 141.1; seed 4.91 us (03: 4.71); decode_b1_sk131072 3982 GB/s (1.11x of 03).
 // Why: notebooks_md/04_wmma.md.
 #include <algorithm>
 #include <cmath>

@@ -14,9 +14,9 @@
 // warps per SM at D = 128); development runs, prefill_d128_s4096: 2127 us so, 2268 us with
 // 04's arrangement of that time (Q read from shared memory, 2 CTAs of 8 warps per SM).
 //
-// Figures (H200, results/h200/, commit 9d7ed56): prefill_d128_s4096 270.2 TFLOP/s (1.76x over 04,
-// 0.82x of FA2's 329.2 in the same run), causal 252.5 (0.92x of FA2); seed 4.65 us (FA2 5.87,
-// cuDNN 5.56); decode_b1_sk131072 4020 GB/s (1.12x FA2, 0.97x cuDNN). Why: notebooks_md/05_cp_async.md.
+// Figures (H200, results/h200/, commit 1f7b790): prefill_d128_s4096 272.9 TFLOP/s (1.78x over 04,
+// 0.81x of FA2's 335.2 in the same run), causal 254.5 (0.90x of FA2); seed 4.48 us (FA2 5.45,
+// cuDNN 5.51); decode_b1_sk131072 4011 GB/s (1.12x FA2, 0.97x cuDNN). Why: notebooks_md/05_cp_async.md.
 #include <algorithm>
 #include <cmath>
 #include <map>
