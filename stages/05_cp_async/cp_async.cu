@@ -621,21 +621,31 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& 
 }
 
 // Resident CTAs per SM, the bound given to the compiler: 0, no bound (as if omitted; ptxas takes
-// what it needs, see the file header), except for the small CTA at D = 64, which declares 3.
-// Unbounded, ptxas gives it 128 registers (4 CTAs per SM); declaring 3 it takes 137-139 and
-// schedules a tile's fragment loads and products differently. Development run (medians of 3):
-// seed 4.63 -> 4.48 us, sweep_bh16 4.96 -> 4.80, sweep_bh64 8.11 -> 7.96 (its 512 items no
-// longer fit the small CTA's 396 slots, and the large CTA takes them). The same bound at D = 128
-// (168 registers instead of 202, 3 CTAs per SM instead of 2) lost on decode: decode_b1_sk32768
-// 42.1 -> 46.2 us. Stage 04's small CTA at D = 64 gains the same way from more registers (seed
-// 4.91 -> 4.77 us at 159), but there they cost its fourth CTA per SM, and sweep_bh64 went from
-// 9.96 to 12.56 us, so 04 keeps 123.
-constexpr int min_ctas_per_sm(int warps, int d) { return warps == kWarpsSmall && d == 64 ? 3 : 0; }
+// what it needs, see the file header), except at D = 64:
+// - The small CTA declares 3. Unbounded, ptxas gives it 128 registers (4 CTAs per SM); declaring
+//   3 it takes 137-139 and schedules a tile's fragment loads and products differently.
+//   Development run (medians of 3): seed 4.63 -> 4.48 us, sweep_bh16 4.96 -> 4.80, sweep_bh64
+//   8.11 -> 7.96 (its 512 items no longer fit the small CTA's 396 slots, and the large CTA takes
+//   them). The same bound at D = 128 (168 registers instead of 202, 3 CTAs per SM instead of 2)
+//   lost on decode: decode_b1_sk32768 42.1 -> 46.2 us. Stage 04's small CTA at D = 64 gains the
+//   same way from more registers (seed 4.91 -> 4.77 us at 159), but there they cost its fourth
+//   CTA per SM, and sweep_bh64 went from 9.96 to 12.56 us, so 04 keeps 123.
+// - The large CTA comes in two builds ("paired" says which). Paired, it declares 2, as stage 04's
+//   8-warp CTA does: 128 registers (56 bytes spilled), 2 CTAs per SM, so that one CTA computes
+//   while the other waits at a barrier; at D = 64 a tile holds half the products of a D = 128
+//   tile, and one tile of lookahead hides less of a load. Unbounded (167 registers, 1 CTA per SM)
+//   for grids with no second CTA for an SM. Development run (medians of 2, us; unbounded ->
+//   paired): prefill_d64_s4096 2559 -> 2330, prefill_d64_s512 447 -> 370, prefill_d64_s512_causal
+//   354 -> 280, prefill_d64_s16384 9798 -> 8840, sweep_bh256 16.16 -> 12.56; but sweep_bh64
+//   7.93 -> 8.53 and sweep_bh128 8.53 -> 9.11 (64 and 128 CTAs, one per SM either way).
+constexpr int min_ctas_per_sm(int warps, int d, bool paired) {
+  return d != 64 ? 0 : warps == kWarpsSmall ? 3 : paired ? 2 : 0;
+}
 
 // grid = min(work items, resident CTAs), block Warps warps, KW of them on each row block. Each
 // CTA loops over work items.
-template <typename T, int D, int Warps, int KW>
-__global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D)) cp_async_kernel(const AttnParams p, const SplitArgs split) {
+template <typename T, int D, int Warps, int KW, bool Paired>
+__global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D, Paired)) cp_async_kernel(const AttnParams p, const SplitArgs split) {
   constexpr int kBr = 16 * Warps / KW;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem<T, D, Warps, KW>& sm = *reinterpret_cast<Smem<T, D, Warps, KW>*>(smem_raw);
@@ -715,13 +725,17 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D)) cp_a
 
 using Kernel = void (*)(AttnParams, SplitArgs);
 
-template <int Warps, int KW>
-Kernel select_kernel(const AttnParams& p) {
-  if (p.dtype == DType::f16) return p.d == 64 ? cp_async_kernel<__half, 64, Warps, KW> : cp_async_kernel<__half, 128, Warps, KW>;
-  return p.d == 64 ? cp_async_kernel<__nv_bfloat16, 64, Warps, KW> : cp_async_kernel<__nv_bfloat16, 128, Warps, KW>;
+// The paired build exists for the large CTA at D = 64 only (min_ctas_per_sm).
+template <typename T, int D>
+Kernel select_kernel(int warps, bool paired) {
+  if (warps == kWarpsSmall) return cp_async_kernel<T, D, kWarpsSmall, kKeyWarpsSmall, false>;
+  if constexpr (D == 64)
+    if (paired) return cp_async_kernel<T, D, kWarpsLarge, 1, true>;
+  return cp_async_kernel<T, D, kWarpsLarge, 1, false>;
 }
-Kernel select_kernel(const AttnParams& p, int warps) {
-  return warps == kWarpsLarge ? select_kernel<kWarpsLarge, 1>(p) : select_kernel<kWarpsSmall, kKeyWarpsSmall>(p);
+Kernel select_kernel(const AttnParams& p, int warps, bool paired) {
+  if (p.dtype == DType::f16) return p.d == 64 ? select_kernel<__half, 64>(warps, paired) : select_kernel<__half, 128>(warps, paired);
+  return p.d == 64 ? select_kernel<__nv_bfloat16, 64>(warps, paired) : select_kernel<__nv_bfloat16, 128>(warps, paired);
 }
 
 // Dynamic shared memory of the kernel for p (the element type does not change it).
@@ -771,11 +785,11 @@ Status make_launch(const AttnParams& p, Launch* out) {
   if (p.hq >= kMax32 || packed_rows >= kMax32)
     return Status::Error("Hq (" + std::to_string(p.hq) + ") and Sq * Hq / Hkv (" + std::to_string(packed_rows) +
                          ") must be under stage 05's limit 2^31");
-  auto configure = [&](int warps, Launch* c) -> Status {
+  auto configure = [&](int warps, bool paired, Launch* c) -> Status {
     c->warps = warps;
     c->key_warps = warps == kWarpsLarge ? 1 : kKeyWarpsSmall;
     c->br = 16 * warps / c->key_warps;
-    c->kernel = select_kernel(p, warps);
+    c->kernel = select_kernel(p, warps, paired);
     c->smem = smem_bytes(p, warps);
     if (c->smem > device->smem_per_block_optin) {
       return Status::Error("stage 05_cp_async needs " + std::to_string(c->smem) + " bytes of shared memory per CTA, the device allows " +
@@ -787,9 +801,13 @@ Status make_launch(const AttnParams& p, Launch* out) {
     c->slots = static_cast<int64_t>(c->ctas_per_sm) * device->sm_count;
     return Status::Ok();
   };
+  // The large CTA's paired build (D = 64) when its grid has more CTAs than the GPU has SMs, so
+  // that a second CTA per SM has work; with at most one per SM the unbounded build's registers
+  // make each CTA faster (min_ctas_per_sm).
+  const bool paired = (packed_rows + 16 * kWarpsLarge - 1) / (16 * kWarpsLarge) * p.hkv * p.b > device->sm_count;
   Launch large, small;
-  ATTN_TRY(configure(kWarpsLarge, &large));
-  ATTN_TRY(configure(kWarpsSmall, &small));
+  ATTN_TRY(configure(kWarpsLarge, paired, &large));
+  ATTN_TRY(configure(kWarpsSmall, false, &small));
   // The large CTA when its grid fills most of one wave (80%, as for splitting); else the small one
   // when its grid fits in one wave; else the large one (a few long items, not two rounds of short).
   const int64_t unsplit_large = large.q_blocks * p.hkv * p.b, unsplit_small = small.q_blocks * p.hkv * p.b;
