@@ -16,7 +16,10 @@
 //
 // Figures (H200, results/h200/, commit 1f7b790): prefill_d128_s4096 272.9 TFLOP/s (1.78x over 04,
 // 0.81x of FA2's 335.2 in the same run), causal 254.5 (0.90x of FA2); seed 4.48 us (FA2 5.45,
-// cuDNN 5.51); decode_b1_sk131072 4011 GB/s (1.12x FA2, 0.97x cuDNN). Why: notebooks_md/05_cp_async.md.
+// cuDNN 5.51); decode_b1_sk131072 4011 GB/s (1.12x FA2, 0.97x cuDNN). At D = 64 the 8-warp CTA
+// is built for 2 per SM on grids with more CTAs than SMs (commit 63acca8, min_ctas_per_sm): on an
+// H100 (results/h100/) prefill_d64_s4096 2584 -> 2272 us before/after, 0.77x of FA2 in the same run
+// (2409 against 1845 us). Why: notebooks_md/05_cp_async.md.
 #include <algorithm>
 #include <cmath>
 #include <map>
