@@ -47,6 +47,11 @@ class SpecNames : public Base {
 void bench_stage_shape(benchmark::State& state, const StageInfo* stage, const NamedShape* shape) {
   const DeviceInfo* device = nullptr;
   if (Status s = current_device(&device); !s.ok()) return state.SkipWithError(s.message().c_str());
+  if (stage->min_sm > device->sm) {  // shown as skipped in the report, with the reason
+    const std::string why = "skipped: " + std::string(stage->name) + " requires sm_" + std::to_string(stage->min_sm) +
+                            ", this GPU is sm_" + std::to_string(device->sm);
+    return state.SkipWithError(why.c_str());
+  }
   const ProblemShape& ps = shape->shape;
   Problem problem;
   const int sets = input_sets_for(attention_bytes(ps), device->l2_bytes);

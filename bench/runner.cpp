@@ -96,6 +96,10 @@ int main(int argc, char** argv) {
   double first_us = 0, prev_us = 0;
   bool all_pass = true;
   for (const StageInfo* stage : stages) {
+    if (stage->min_sm > device->sm) {
+      std::printf("%-22s SKIPPED: requires sm_%d, this GPU is sm_%d\n", stage->name, stage->min_sm, device->sm);
+      continue;
+    }
     StageMeasurement m;
     if (Status s = measure_stage(*stage, prepared, options, stream, &m); !s.ok()) {
       std::printf("%-22s %s\n", stage->name, s.message().c_str());

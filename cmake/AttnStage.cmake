@@ -8,6 +8,9 @@ function(attn_add_stage name)
   add_library(${lib} STATIC ${ARGN})
   target_link_libraries(${lib} PUBLIC attn_common)
   attn_cuda_options(${lib})
+  # A ptxas warning in a stage is an error: the Hopper stages' warnings C7508-C7515 mean ignored
+  # register moves or wgmma products silently serialised.
+  target_compile_options(${lib} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-Werror>)
 
   set(ATTN_STAGE_NAME ${name})
   configure_file(${PROJECT_SOURCE_DIR}/common/stage_main.cpp.in
@@ -23,6 +26,11 @@ endfunction()
 function(attn_cuda_options target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr>)
+  # Whether this build has sm_90a code: Hopper-only stages refuse to launch without it (their
+  # kernels are empty in every other architecture's code).
+  if("90a" IN_LIST CMAKE_CUDA_ARCHITECTURES)
+    target_compile_definitions(${target} PRIVATE ATTN_HAS_SM90A=1)
+  endif()
   if(ATTN_PTXAS_VERBOSE)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
   endif()

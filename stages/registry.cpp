@@ -7,7 +7,8 @@
   X(02_kv_split) \
   X(03_persistent) \
   X(04_wmma) \
-  X(05_cp_async)
+  X(05_cp_async) \
+  X(06_warp_specialized)
 
 namespace attn {
 

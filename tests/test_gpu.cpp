@@ -1,7 +1,8 @@
 // GPU tests: every registered stage against the fp64 reference (or, for large shapes, against
 // stage 01, itself checked against fp64 on sampled rows), over dtypes, head dims, causal,
 // layouts and shapes that do not divide any tile. Exits with kSkip (ctest: SKIPPED) when there
-// is no CUDA device. ATTN_TEST_REDUCED=1 selects the small set the sanitizer runs.
+// is no CUDA device. ATTN_TEST_REDUCED=1 selects the small set the sanitizer runs;
+// ATTN_TEST_STAGES (a comma-separated list) the stages.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,6 +46,22 @@ std::vector<Sizes> matrix_sizes() {
       {1, 1, 1, 129, 127},    {1, 1, 1, 1000, 17},   {1, 32, 8, 129, 129},   {2, 8, 1, 1, 4099},
       {1, 32, 8, 4, 1000},    {8, 32, 32, 64, 64},   {1, 1, 1, 4099, 4099},  {4, 16, 16, 1024, 1024},
   };
+}
+
+// A stage that needs a newer GPU than this one (06 needs sm_90) is skipped, and says so once:
+// its launch is refused with its requirement (the last test case checks that), never run.
+// ATTN_TEST_STAGES=06_warp_specialized,05_cp_async runs only those stages (the sanitizer's runs).
+bool runs_here(const StageInfo& stage) {
+  if (const char* only = std::getenv("ATTN_TEST_STAGES"); only != nullptr && *only != '\0') {
+    const std::string list = std::string(",") + only + ",";
+    if (list.find(std::string(",") + stage.name + ",") == std::string::npos) return false;
+  }
+  const DeviceInfo* device = nullptr;
+  if (!current_device(&device).ok() || stage.min_sm <= device->sm) return true;
+  static std::set<std::string> told;
+  if (told.insert(stage.name).second)
+    std::printf("test_gpu: stage %s SKIPPED - it requires sm_%d, this GPU is sm_%d\n", stage.name, stage.min_sm, device->sm);
+  return false;
 }
 
 std::string name_of(const StageInfo& stage, const ProblemShape& s) { return std::string(stage.name) + " " + describe(s); }
@@ -105,6 +123,7 @@ void check_stage_on(const StageInfo& stage, const ProblemShape& shape, uint64_t 
 TEST_CASE("every stage matches the reference over dtype x D x causal x layout x shapes") {
   uint64_t seed = 1;
   for (const StageInfo& stage : registered_stages())
+    if (runs_here(stage))
     for (DType dtype : {DType::f16, DType::bf16})
       for (int64_t d : {64, 128})
         for (bool causal : {false, true})
@@ -127,6 +146,7 @@ TEST_CASE("split-KV edge cases: many splits, splits past the keys, fully masked 
   };
   uint64_t seed = 1000;
   for (const StageInfo& stage : registered_stages())
+    if (runs_here(stage))
     for (DType dtype : {DType::f16, DType::bf16})
       for (int64_t d : {64, 128})
         for (bool causal : {false, true})
@@ -141,6 +161,7 @@ TEST_CASE("split-KV edge cases: many splits, splits past the keys, fully masked 
 
 TEST_CASE("padded strides, custom scales (one negative) and a missing LSE output") {
   for (const StageInfo& stage : registered_stages()) {
+    if (!runs_here(stage)) continue;
     ProblemShape s;
     s.b = 2, s.hq = 4, s.hkv = 2, s.sq = 77, s.sk = 130, s.d = 128, s.dtype = DType::bf16, s.causal = true;
     s.seq_pad = 24;  // rows 48 bytes apart from their neighbours' ends; padding must stay untouched
@@ -180,6 +201,7 @@ TEST_CASE("one workspace serves launch after launch, of any shape, with no memse
   queued.b = 4, queued.hq = 16, queued.hkv = 16, queued.sq = 700, queued.sk = 300, queued.causal = true;
   queued_key_warps.b = 2, queued_key_warps.hq = 16, queued_key_warps.hkv = 16, queued_key_warps.sq = 128, queued_key_warps.sk = 128;
   for (const StageInfo& stage : registered_stages()) {
+    if (!runs_here(stage)) continue;
     CAPTURE(stage.name);
     size_t bytes = 0;
     for (const ProblemShape& shape : {split_heavy, queued, queued_key_warps}) {
@@ -201,6 +223,7 @@ TEST_CASE("one workspace serves launch after launch, of any shape, with no memse
 
 TEST_CASE("the same inputs twice give bit-identical outputs") {
   for (const StageInfo& stage : registered_stages()) {
+    if (!runs_here(stage)) continue;
     CAPTURE(stage.name);
     ProblemShape s;
     s.b = 2, s.hq = 8, s.hkv = 2, s.sq = 300, s.sk = 1000, s.d = 128, s.dtype = DType::bf16, s.causal = true;
@@ -239,6 +262,7 @@ TEST_CASE("a launch captured into a CUDA graph gives what the same launch gives 
   seed.b = 1, seed.hq = 1, seed.hkv = 1, seed.sq = 128, seed.sk = 128;
   decode.b = 1, decode.hq = 32, decode.hkv = 8, decode.sq = 1, decode.sk = 4097, decode.d = 128, decode.dtype = DType::bf16;
   for (const StageInfo& stage : registered_stages())
+    if (runs_here(stage))
     for (const ProblemShape& shape : {seed, decode}) {
       const std::string name = name_of(stage, shape);
       CAPTURE(name);
@@ -290,6 +314,27 @@ TEST_CASE("bad input launches nothing and writes nothing") {
     REQUIRE(problem.download_output(&out).ok());
     CHECK(out.o_unwritten == static_cast<int64_t>(out.o.size()));
     CHECK(out.lse_unwritten == static_cast<int64_t>(out.lse.size()));
+  }
+}
+
+TEST_CASE("a stage needing a newer GPU is refused with its requirement, launching nothing") {
+  const DeviceInfo* device = nullptr;
+  REQUIRE(current_device(&device).ok());
+  for (const StageInfo& stage : registered_stages()) {
+    if (stage.min_sm <= device->sm) continue;
+    CAPTURE(stage.name);
+    ProblemShape s;
+    s.b = 1, s.hq = 1, s.hkv = 1, s.sq = 64, s.sk = 64;
+    Problem problem;
+    REQUIRE(Problem::create(s, 1, true, &problem).ok());
+    REQUIRE(problem.fill_random(15).ok());
+    REQUIRE(problem.poison_outputs().ok());
+    const Status st = stage.launch(problem.params(), Workspace{}, nullptr);
+    CHECK(st.message() == std::string("stage ") + stage.name + " requires sm_" + std::to_string(stage.min_sm) +
+                              " or newer, found sm_" + std::to_string(device->sm));
+    HostOutput out;
+    REQUIRE(problem.download_output(&out).ok());
+    CHECK(out.o_unwritten == static_cast<int64_t>(out.o.size()));
   }
 }
 

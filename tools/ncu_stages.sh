@@ -2,10 +2,10 @@
 # Nsight Compute counters that explain the tensor-core stages: one launch of each stage's main
 # kernel on a shape (default prefill_d128_s4096), matched by name (04 and 05 also launch a small
 # layout-check kernel once per process). Clocks are left as they are (--clock-control none).
-# Usage: tools/ncu_stages.sh [shape] [stage...]      (default stages: 03_persistent 04_wmma 05_cp_async)
+# Usage: tools/ncu_stages.sh [shape] [stage...]      (default stages: 03_persistent 04_wmma 05_cp_async 06_warp_specialized)
 set -uo pipefail
 shape=${1:-prefill_d128_s4096}; shift || true
-stages=${*:-03_persistent 04_wmma 05_cp_async}
+stages=${*:-03_persistent 04_wmma 05_cp_async 06_warp_specialized}
 metrics=(
   gpu__time_duration.sum
   sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
@@ -27,6 +27,6 @@ metrics=(
 list=$(IFS=,; echo "${metrics[*]}")
 for stage in $stages; do
   echo "== $stage on $shape"
-  ncu --clock-control none -k regex:'^(naive|kv_split|persistent|wmma|cp_async)_kernel' --launch-skip 3 --launch-count 1 --metrics "$list" \
+  ncu --clock-control none -k regex:'^(naive|kv_split|persistent|wmma|cp_async|warp_specialized)_kernel' --launch-skip 3 --launch-count 1 --metrics "$list" \
       "build/stages/$stage/$stage" --shape "$shape" --no-check 2>&1 | grep -E "^\s+(gpu__|sm__|smsp__|dram__|lts__|l1tex__)|==PROF==|rror"
 done

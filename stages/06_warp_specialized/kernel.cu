@@ -1,0 +1,632 @@
+// Fast attention, one idea at a time:
+//   01 naive -> 02 kv_split -> 03 persistent -> 04 wmma -> 05 cp_async -> 06 warp_specialized
+//
+// Stage 06 extends 05 by Hopper's way of feeding the tensor cores (sm_90a): Q, K and V tiles
+// copied by the tensor-memory accelerator (TMA) into 128-byte-swizzled shared memory; S = Q.K^T
+// and O += P.V on wgmma (a warpgroup's asynchronous matrix product, P from registers); and warp
+// specialization: one producer warp issues every copy into a ring of K/V slots guarded by
+// full/empty mbarriers, while two consumer warpgroups (64 query rows each), given the producer's
+// registers by setmaxnreg, only compute. A work item, as the two sides see it:
+//   producer:  wait until Q's slot is free, copy Q; per tile: wait for a free slot, copy K, V
+//   consumers: wait for Q; per tile: wait for K, S = Q.K^T, online softmax in registers,
+//              wait for V, O += P.V, free the slot; normalise O, store it (or the split's part)
+// Kept from 02-05: key splits merged by LSE, GQA rows packed, one wave of persistent CTAs.
+// Why: notebooks_md/06_warp_specialized.md.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "device.h"
+#include "dtype.cuh"
+#include "hopper.cuh"
+#include "params.h"
+#include "stage.h"
+#include "tma.h"
+
+namespace attn {
+namespace {
+
+constexpr const char* kStageName = "06_warp_specialized";
+constexpr int kMinSm = 90;
+constexpr int kWarp = 32;
+constexpr int kWarpGroup = 128;  // wgmma's unit: 4 warps
+constexpr int kConsumers = 2;    // consumer warpgroups, 64 query rows each
+constexpr int kThreads = (1 + kConsumers) * kWarpGroup;  // warpgroup 0 is the producer's
+constexpr int kBr = 64 * kConsumers;  // packed query rows per work item
+constexpr int kBc = 128;              // keys per K/V tile
+constexpr int kCols = 64;             // elements per 128-byte swizzled row: the width of a TMA box
+constexpr int kRowBytes = kCols * 2;
+// setmaxnreg: the producer warpgroup keeps 40 registers a thread and the consumers take the rest.
+// The launch allocates 168 per thread (65536 / 384, rounded down to 8): 128 * 40 + 256 * 232 =
+// 64512 fits the same pool.
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kMaxSplits = 128;       // beyond this the merge costs more than the parallelism buys
+constexpr int kMaxCtasPerSm = 32;     // sizes the arrival counters (hardware limit of resident CTAs)
+constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q copy and its share of the merge
+
+// K/V slots in the ring: as many as fit beside two Q slots (D = 128: 32 KB per K or V tile).
+// Q has two slots, so that the next item's Q lands while this item's last tiles are computed.
+template <int D> constexpr int stages_for() { return D == 64 ? 4 : 2; }
+
+// Shared memory. Every tile is stored as D/64 column blocks of 128-byte rows in TMA's 128-byte
+// swizzle (the 16-byte piece c of row r sits at piece c ^ (r % 8)), each block 1024-byte aligned:
+// the layout wgmma's descriptors name.
+template <int D>
+struct Smem {
+  static constexpr int kChunks = D / kCols, kStages = stages_for<D>();
+  alignas(1024) unsigned char q[2][kChunks][kBr * kRowBytes];        // [slot][D/64][Br][64]
+  alignas(1024) unsigned char k[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
+  alignas(1024) unsigned char v[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
+  uint64_t q_full[2], q_empty[2];  // Q landed / every consumer warp done reading it
+  uint64_t k_full[kStages];   // K tile landed in the slot
+  uint64_t v_full[kStages];   // V tile landed in the slot
+  uint64_t k_empty[kStages];  // every consumer warp done reading the slot's K (after S)
+  uint64_t v_empty[kStages];  // ... and its V (after P.V)
+  int last_split;             // this CTA brought its query block's last split (it merges)
+};
+static_assert(sizeof(Smem<128>) + 1024 <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
+static_assert(sizeof(Smem<64>) + 1024 <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
+
+// The three tensor maps, passed by value as one __grid_constant__ parameter (TMA reads them from
+// the parameter space).
+struct Maps {
+  CUtensorMap q, k, v;
+};
+
+// What the kernel needs beyond AttnParams: the work decomposition and the split buffers.
+struct Work {
+  int num_splits = 1;          // key ranges per (batch, packed head, query block)
+  int64_t keys_per_split = 0;  // a multiple of Bc
+  int q_blocks = 0;            // query blocks of Br packed rows per (batch, packed head)
+  int log2_pack = 0;           // 2^log2_pack query heads of one kv head share a row block
+  unsigned n_items = 0;        // B * (Hq >> log2_pack) * q_blocks * num_splits
+  float* o_partial = nullptr;  // [num_splits][B*Hq*Sq][D] fp32, normalised within the split
+  float* lse_partial = nullptr;  // [num_splits][B*Hq*Sq], -inf where the split saw no key
+  int* arrivals = nullptr;     // [B][Hq >> log2_pack][q_blocks] splits done (zero between launches)
+};
+
+// One work item: query block q_block of packed head hs of batch b, over the keys of one split.
+// Packed row r of (b, hs) is query position r >> log2_pack of head (hs << log2_pack) + r % 2^..,
+// so the heads of a GQA group share each K/V tile. kv_begin and n_tiles are the tiles the block
+// needs: from the split's first key to the last key its last row may see.
+struct Item {
+  int64_t b = 0, hs = 0, kv_begin = 0, split_end = 0;
+  int q_block = 0, split = 0, n_tiles = 0;
+  unsigned row0 = 0;  // first packed row
+};
+
+// Keys row i may see within the split ending at split_end (bottom-right causal mask).
+__host__ __device__ __forceinline__ int64_t row_end(const AttnParams& p, int64_t i, int64_t split_end) {
+  const int64_t visible = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
+  return min(visible, split_end);
+}
+
+// Items in 32 bits (make_launch keeps them under 2^31). Splits fastest (a block's splits run
+// close together, and its merge soon after), then query blocks, so that the CTAs running at one
+// time share the K/V of a few heads in L2; the longest block first when causal.
+__device__ __forceinline__ Item decode_item(const AttnParams& p, const Work& w, unsigned item) {
+  Item it;
+  it.split = static_cast<int>(item % static_cast<unsigned>(w.num_splits));
+  unsigned rest = item / static_cast<unsigned>(w.num_splits);
+  const int q_rank = static_cast<int>(rest % static_cast<unsigned>(w.q_blocks));
+  rest /= static_cast<unsigned>(w.q_blocks);
+  const unsigned n_hs = static_cast<unsigned>(p.hq) >> w.log2_pack;
+  it.hs = rest % n_hs;
+  it.b = rest / n_hs;
+  it.q_block = p.causal ? w.q_blocks - 1 - q_rank : q_rank;
+  it.row0 = static_cast<unsigned>(it.q_block) * kBr;
+  const unsigned rows = static_cast<unsigned>(p.sq) << w.log2_pack;
+  it.kv_begin = it.split * w.keys_per_split;
+  it.split_end = min(p.sk, it.kv_begin + w.keys_per_split);
+  const int64_t i_last = (min(it.row0 + kBr, rows) - 1) >> w.log2_pack;
+  const int64_t block_end = row_end(p, i_last, it.split_end);
+  it.n_tiles = block_end > it.kv_begin ? static_cast<int>((block_end - it.kv_begin + kBc - 1) / kBc) : 0;
+  return it;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+using namespace hopper;
+
+// The producer: one thread of warpgroup 0 issues every TMA copy of this CTA's items. Q of an item
+// waits until the consumers have read the previous item's Q; each K/V tile waits for its slot.
+template <int D>
+__device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, const Work& w, Smem<D>& sm) {
+  constexpr int kChunks = D / kCols, kStages = stages_for<D>();
+  constexpr uint32_t kQBytes = kBr * D * 2, kTileBytes = kBc * D * 2;  // whole boxes, zeros included
+  const int64_t group = p.hq / p.hkv;
+  uint32_t q_uses = 0, kv_uses = 0;
+  for (unsigned item = blockIdx.x; item < w.n_items; item += gridDim.x) {
+    const Item it = decode_item(p, w, item);
+    if (it.n_tiles == 0) continue;
+    const int b = static_cast<int>(it.b), h_kv = static_cast<int>((it.hs << w.log2_pack) / group);
+    const int q_slot = q_uses % 2;
+    mbarrier_wait(&sm.q_empty[q_slot], ((q_uses / 2) & 1) ^ 1);
+    mbarrier_arrive_expect_tx(&sm.q_full[q_slot], kQBytes);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+      tma_load_5d(sm.q[q_slot][c], &maps.q, c * kCols, 0, static_cast<int>(it.row0 >> w.log2_pack),
+                  static_cast<int>(it.hs), b, &sm.q_full[q_slot]);
+    ++q_uses;
+    for (int t = 0; t < it.n_tiles; ++t, ++kv_uses) {
+      const int slot = kv_uses % kStages;
+      const int key = static_cast<int>(it.kv_begin) + t * kBc;
+      const uint32_t free_parity = ((kv_uses / kStages) & 1) ^ 1;
+      mbarrier_wait(&sm.k_empty[slot], free_parity);
+      mbarrier_arrive_expect_tx(&sm.k_full[slot], kTileBytes);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) tma_load_4d(sm.k[slot][c], &maps.k, c * kCols, key, h_kv, b, &sm.k_full[slot]);
+      mbarrier_wait(&sm.v_empty[slot], free_parity);
+      mbarrier_arrive_expect_tx(&sm.v_full[slot], kTileBytes);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) tma_load_4d(sm.v[slot][c], &maps.v, c * kCols, key, h_kv, b, &sm.v_full[slot]);
+    }
+  }
+}
+
+// Sum over the 4 lanes of a quad, which share an accumulator row.
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+// 2^x in one MUFU.EX2 (ex2.approx.ftz: 2 ulp, ex2(-inf) = 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// The merge of one output row by one warp, as in 03-05: split s holds O_s (normalised over its
+// keys) and LSE_s; with m = max_s LSE_s, O = sum_s e^(LSE_s - m) O_s / sum_s e^(LSE_s - m) and
+// LSE = m + log of that sum. Splits in index order: the result is the same bits every run. The
+// partials come from other SMs of this launch, so they are read through L2 (__ldcg).
+template <typename T, int D>
+__device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, int64_t b, int64_t h, int64_t i, int lane) {
+  constexpr int E = D / kWarp;
+  const int64_t n_rows = p.b * p.hq * p.sq;
+  const int64_t row = (b * p.hq + h) * p.sq + i;
+  float m = -INFINITY;
+  for (int s = lane; s < w.num_splits; s += kWarp) m = fmaxf(m, __ldcg(w.lse_partial + s * n_rows + row));
+  m = warp_max(m);
+  const float shift = m == -INFINITY ? 0.0f : m;
+  float sum_w = 0.0f, acc[E] = {};
+#pragma unroll 8
+  for (int s = 0; s < w.num_splits; ++s) {
+    const float weight = expf(__ldcg(w.lse_partial + s * n_rows + row) - shift);
+    const float* part = w.o_partial + (s * n_rows + row) * D + lane * E;
+    sum_w += weight;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] += weight * __ldcg(part + e);
+  }
+  const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc[e] *= inv;
+  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
+  store_from_float<E>(o + lane * E, acc);
+  if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+}
+
+// A consumer warpgroup: rows [64 cw, 64 cw + 64) of each item, warp wq of it rows 16 wq + lane/4
+// and + 8 (the accumulator layout, hopper.cuh).
+template <typename T, int D>
+__device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem<D>& sm, int cw, int wq, int lane) {
+  constexpr int kStages = stages_for<D>();
+  constexpr int kS = kBc / 2, kO = D / 2;  // accumulators per thread: S[64][Bc], O[64][D]
+  const unsigned rows = static_cast<unsigned>(p.sq) << w.log2_pack;  // packed rows per (b, hs)
+  const unsigned pack_mask = (1u << w.log2_pack) - 1;
+  const int64_t n_rows = p.b * p.hq * p.sq;
+  const int r_in_wg = 16 * wq + lane / 4;
+  const int quad_col = 2 * (lane % 4);
+  const float scale = p.scale;  // log2 units (the launch folded in log2(e)); may be negative
+  uint32_t q_uses = 0, kv_uses = 0;
+
+  for (unsigned item = blockIdx.x; item < w.n_items; item += gridDim.x) {
+    const Item it = decode_item(p, w, item);
+    const unsigned wg_row0 = it.row0 + 64 * cw;
+    const bool active = wg_row0 < rows;  // warpgroup-uniform: a block of padding rows only paces
+    // Each thread's two rows: their last key, running max m (log2 units) and partial sum l.
+    int64_t end[2];
+    float m[2], l[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      end[h] = row_end(p, (wg_row0 + r_in_wg + 8 * h) >> w.log2_pack, it.split_end);
+      m[h] = -INFINITY, l[h] = 0.0f;
+    }
+    // Tiles before n_unmasked end by the warpgroup's first row's last key: no score is masked.
+    const int64_t first_end = row_end(p, wg_row0 >> w.log2_pack, it.split_end);
+    const int n_unmasked = static_cast<int>(max(int64_t{0}, first_end - it.kv_begin) / kBc);
+    float o[kO];
+#pragma unroll
+    for (int j = 0; j < kO; ++j) o[j] = 0.0f;
+
+    const int q_slot = q_uses % 2;
+    const uint32_t q_addr = smem_addr(sm.q[q_slot]) + cw * 64 * kRowBytes;  // this warpgroup's 64 rows
+    if (it.n_tiles > 0) {
+      mbarrier_wait(&sm.q_full[q_slot], (q_uses / 2) & 1);
+      ++q_uses;
+    }
+    for (int t = 0; t < it.n_tiles; ++t, ++kv_uses) {
+      const int slot = kv_uses % kStages;
+      const uint32_t phase = (kv_uses / kStages) & 1;
+      const int64_t kv_tile = it.kv_begin + int64_t{t} * kBc;
+      float s[kS];
+      uint32_t pa[kBc / 16][4];  // P as the A operand of P.V, 16 keys per step
+      mbarrier_wait(&sm.k_full[slot], phase);
+      if (active) {
+        // S = Q.K^T: D/16 steps of 16 along the head dimension; step kk reads 32 bytes into the
+        // 128-byte rows of column block kk / 4. The first step ignores S's old contents.
+        const uint32_t k_addr = smem_addr(sm.k[slot]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const uint32_t step = (kk % 4) * 32;
+          const uint64_t a = smem_descriptor(q_addr + (kk / 4) * kBr * kRowBytes + step, 16, 1024);
+          const uint64_t bk = smem_descriptor(k_addr + (kk / 4) * kBc * kRowBytes + step, 16, 1024);
+          wgmma_ss_n128<T>(s, a, bk, kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+      }
+      // K is read: the producer may refill the slot's K. The last tile's S was the item's last
+      // read of Q: the producer may bring the next item's.
+      if (lane == 0) {
+        mbarrier_arrive(&sm.k_empty[slot]);
+        if (t == it.n_tiles - 1) mbarrier_arrive(&sm.q_empty[q_slot]);
+      }
+      if (active) {
+        // Online softmax in registers. Element j of S sits in row h = (j >> 1) & 1 and column
+        // 8 (j / 4) + quad_col + (j & 1) of the tile. With a positive scale the largest raw
+        // score gives the largest scaled one and each probability is one FFMA and one EX2,
+        // exp2(s scale - m); a negative scale turns the order around (Pos = false: the smallest
+        // raw score, and masked scores +inf, which scale to -inf). m_safe keeps a row that has
+        // seen no key at exp2(-inf - 0) = 0 instead of the NaN of -inf - (-inf).
+        const bool masked = t >= n_unmasked;
+        int limit[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
+        auto online_softmax = [&](auto positive) {
+          constexpr bool kPos = decltype(positive)::value;
+          constexpr float kMasked = kPos ? -INFINITY : INFINITY;
+          auto pick = [](float a, float b) { return kPos ? fmaxf(a, b) : fminf(a, b); };
+          if (masked) {
+#pragma unroll
+            for (int j = 0; j < kS; ++j)
+              if (8 * (j / 4) + quad_col + (j & 1) >= limit[(j >> 1) & 1]) s[j] = kMasked;
+          }
+          // Row extremes and sums in 4 partial values per row: dependent chains of 8, not 32.
+          float ext[2][4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) ext[h][k] = kMasked;
+#pragma unroll
+          for (int j = 0; j < kS; ++j) ext[(j >> 1) & 1][(j / 4) % 4] = pick(ext[(j >> 1) & 1][(j / 4) % 4], s[j]);
+          float alpha[2], neg_m[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float e = pick(pick(ext[h][0], ext[h][1]), pick(ext[h][2], ext[h][3]));
+            e = pick(e, __shfl_xor_sync(0xffffffffu, e, 1));
+            e = pick(e, __shfl_xor_sync(0xffffffffu, e, 2));
+            const float m_new = fmaxf(m[h], e * scale);
+            const float m_safe = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[h] = fast_exp2(m[h] - m_safe);
+            neg_m[h] = -m_safe;
+            m[h] = m_new;
+          }
+          float sum[2][4] = {};
+#pragma unroll
+          for (int j = 0; j < kS; ++j) {
+            s[j] = fast_exp2(fmaf(s[j], scale, neg_m[(j >> 1) & 1]));
+            sum[(j >> 1) & 1][(j / 4) % 4] += s[j];
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
+          // Rescale O (not needed while no row of the warp finds a larger max).
+          if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+            for (int j = 0; j < kO; ++j) o[j] *= alpha[(j >> 1) & 1];
+          }
+        };
+        if (scale > 0.0f) online_softmax(std::true_type{});
+        else online_softmax(std::false_type{});
+        // P rounded to the input type in the A-fragment layout: pair q of step kk is S elements
+        // 8 kk + 2 q and 8 kk + 2 q + 1 (hopper.cuh).
+#pragma unroll
+        for (int kk = 0; kk < kBc / 16; ++kk)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) pa[kk][q] = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+      }
+      mbarrier_wait(&sm.v_full[slot], phase);
+      if (active) {
+        // O += P.V: Bc/16 steps of 16 keys; V is N-major (rows of D elements), 2048 bytes per
+        // step of 16 rows, column blocks kBc * 128 bytes apart.
+        const uint32_t v_addr = smem_addr(sm.v[slot]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBc / 16; ++kk) {
+          const uint64_t bv = smem_descriptor(v_addr + kk * 16 * kRowBytes, kBc * kRowBytes, 1024);
+          if constexpr (D == 64) wgmma_rs_n64<T>(o, pa[kk], bv, 1);
+          else wgmma_rs_n128<T>(o, pa[kk], bv, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+      }
+      if (lane == 0) mbarrier_arrive(&sm.v_empty[slot]);  // this warp is done with the slot's V
+    }
+
+    // Normalise and store: l summed over the quad; O /= l; LSE = m + log2 l, in natural log. A
+    // row with no key has l = 0: O = 0 and LSE = -inf. With one split this is the answer, else
+    // the split's part, in fp32, for the merge.
+    if (active) {
+      float inv[2], lse[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sum = quad_sum(l[h]);
+        inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+        lse[h] = sum > 0.0f ? (m[h] + log2f(sum)) * kLn2 : -INFINITY;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const unsigned r = wg_row0 + r_in_wg + 8 * h;
+        if (r >= rows) continue;
+        const int64_t i = r >> w.log2_pack, head = (it.hs << w.log2_pack) + (r & pack_mask);
+        const int64_t row = (it.b * p.hq + head) * p.sq + i;  // LSE index, partials' row
+        if (w.num_splits == 1) {
+          T* out = static_cast<T*>(p.o) + it.b * p.o_batch_stride + i * p.o_seq_stride + head * p.o_head_stride;
+#pragma unroll
+          for (int nb = 0; nb < D / 8; ++nb)
+            *reinterpret_cast<uint32_t*>(out + 8 * nb + quad_col) =
+                pack2<T>(o[4 * nb + 2 * h] * inv[h], o[4 * nb + 2 * h + 1] * inv[h]);
+          if (p.lse != nullptr && lane % 4 == 0) p.lse[row] = lse[h];
+        } else {
+          float* part = w.o_partial + (it.split * n_rows + row) * D;
+#pragma unroll
+          for (int nb = 0; nb < D / 8; ++nb)
+            *reinterpret_cast<float2*>(part + 8 * nb + quad_col) =
+                make_float2(o[4 * nb + 2 * h] * inv[h], o[4 * nb + 2 * h + 1] * inv[h]);
+          if (lane % 4 == 0) w.lse_partial[it.split * n_rows + row] = lse[h];
+        }
+      }
+    }
+
+    // The fused merge (03): every consumer thread makes its partials visible device-wide, one
+    // thread counts the split in, and the CTA that brings the count to num_splits merges the
+    // block's rows, one row per consumer warp, and sets the count back to zero for the next launch.
+    if (w.num_splits > 1) {
+      __threadfence();
+      named_barrier_sync(1, kConsumers * kWarpGroup);
+      if (cw == 0 && wq == 0 && lane == 0) {
+        int* arrival = w.arrivals + ((it.b * (p.hq >> w.log2_pack) + it.hs) * w.q_blocks + it.q_block);
+        const bool last = atomicAdd(arrival, 1) == w.num_splits - 1;
+        if (last) *arrival = 0;
+        sm.last_split = last;
+      }
+      named_barrier_sync(1, kConsumers * kWarpGroup);
+      if (sm.last_split) {
+        __threadfence();  // order the partial reads after the other CTAs' arrivals
+        for (unsigned r = it.row0 + cw * 4 + wq; r < it.row0 + kBr && r < rows; r += kConsumers * 4)
+          merge_row<T, D>(p, w, it.b, (it.hs << w.log2_pack) + (r & pack_mask), r >> w.log2_pack, lane);
+      }
+    }
+  }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// grid = min(work items, SMs), 384 threads: warpgroup 0 produces, 1 and 2 consume. Each CTA takes
+// items blockIdx.x, + gridDim.x, ...: the producer and the consumers walk the same list.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    warp_specialized_kernel(const __grid_constant__ Maps maps, const AttnParams p, const Work w) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  // Dynamic shared memory is only 16-byte aligned; the swizzled tiles need 1024.
+  Smem<D>& sm = *reinterpret_cast<Smem<D>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWarp, 0);
+  const int lane = threadIdx.x % kWarp;
+  if (threadIdx.x == 0) {
+    // The tensor maps' first use would fetch them from memory: start that now.
+    prefetch_tensor_map(&maps.q);
+    prefetch_tensor_map(&maps.k);
+    prefetch_tensor_map(&maps.v);
+    for (int s = 0; s < 2; ++s) {
+      mbarrier_init(&sm.q_full[s], 1);  // the producer's arrive_expect_tx, then the bytes
+      mbarrier_init(&sm.q_empty[s], kConsumers * 4);  // one arrival per consumer warp
+    }
+    for (int s = 0; s < stages_for<D>(); ++s) {
+      mbarrier_init(&sm.k_full[s], 1);
+      mbarrier_init(&sm.v_full[s], 1);
+      mbarrier_init(&sm.k_empty[s], kConsumers * 4);
+      mbarrier_init(&sm.v_empty[s], kConsumers * 4);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (warp / 4 == 0) {
+    setmaxnreg_dec<kProducerRegs>();
+    if (warp == 0 && lane == 0) produce<D>(maps, p, w, sm);
+  } else {
+    setmaxnreg_inc<kConsumerRegs>();
+    consume<T, D>(p, w, sm, warp / 4 - 1, warp % 4, lane);
+  }
+#endif
+}
+
+using Kernel = void (*)(Maps, AttnParams, Work);
+
+Kernel select_kernel(const AttnParams& p) {
+  if (p.dtype == DType::f16) return p.d == 64 ? warp_specialized_kernel<__half, 64> : warp_specialized_kernel<__half, 128>;
+  return p.d == 64 ? warp_specialized_kernel<__nv_bfloat16, 64> : warp_specialized_kernel<__nv_bfloat16, 128>;
+}
+
+// Dynamic shared memory: the layout plus the slack for aligning it to 1024 bytes.
+size_t smem_bytes(const AttnParams& p) { return (p.d == 64 ? sizeof(Smem<64>) : sizeof(Smem<128>)) + 1024; }
+
+// How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
+// the best wave efficiency, the smallest on ties, capped by kMaxSplits and max_splits (as 02-05).
+int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits_for_keys) {
+  if (ctas_without_split * 10 >= slots * 8) return 1;
+  const int64_t max_splits = std::min<int64_t>(kMaxSplits, max_splits_for_keys);
+  int best = 1;
+  double best_efficiency = 0;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const int64_t ctas = ctas_without_split * s, waves = (ctas + slots - 1) / slots;
+    const double efficiency = static_cast<double>(ctas) / static_cast<double>(waves * slots);
+    if (efficiency > best_efficiency + 1e-9) best = static_cast<int>(s), best_efficiency = efficiency;
+  }
+  return best;
+}
+
+// Everything launch() decides for a problem.
+struct Launch {
+  Work work;            // decomposition (pointers filled at launch)
+  int64_t ctas = 0;     // min(items, resident slots)
+  int64_t slots = 0;    // resident CTAs per SM x SMs
+  int sm_count = 0;
+  size_t smem = 0;
+  Kernel kernel = nullptr;
+};
+
+Status make_launch(const AttnParams& p, Launch* out) {
+  const DeviceInfo* device = nullptr;
+  ATTN_TRY(current_device(&device));
+  Launch l;
+  // Pack the largest power of two of a GQA group's heads that divides it (at most Br): TMA's box
+  // then takes Br / 2^k query positions of 2^k heads, which is Br packed rows.
+  const int64_t group = p.hq / p.hkv;
+  int log2_pack = 0;
+  while ((group % (int64_t{2} << log2_pack)) == 0 && (2 << log2_pack) <= kBr) ++log2_pack;
+  const int64_t rows = p.sq << log2_pack;
+  constexpr int64_t kMax32 = (int64_t{1} << 31) - kBr - kBc;  // the kernel counts rows, keys and items in 32 bits
+  if (rows >= kMax32 || p.sk >= kMax32 || p.hq >= kMax32)
+    return Status::Error("Sq * 2^pack (" + std::to_string(rows) + "), Sk (" + std::to_string(p.sk) + ") and Hq (" +
+                         std::to_string(p.hq) + ") must be under stage 06's limit 2^31");
+  l.kernel = select_kernel(p);
+  l.smem = smem_bytes(p);
+  if (l.smem > device->smem_per_block_optin)
+    return Status::Error("stage 06_warp_specialized needs " + std::to_string(l.smem) +
+                         " bytes of shared memory per CTA, the device allows " + std::to_string(device->smem_per_block_optin));
+  int ctas_per_sm = 0;
+  ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(l.kernel), kThreads, l.smem, &ctas_per_sm));
+  l.slots = static_cast<int64_t>(std::min(ctas_per_sm, kMaxCtasPerSm)) * device->sm_count;
+  Work& w = l.work;
+  w.log2_pack = log2_pack;
+  w.q_blocks = static_cast<int>((rows + kBr - 1) / kBr);
+  const int64_t unsplit = int64_t{w.q_blocks} * (p.hq >> log2_pack) * p.b;
+  const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
+  // At most one item per resident CTA: more splits add fixed costs without parallelism.
+  const int splits = choose_num_splits(unsplit, l.slots,
+                                       std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, l.slots / unsplit)));
+  w.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
+  w.num_splits = static_cast<int>((p.sk + w.keys_per_split - 1) / w.keys_per_split);
+  const int64_t items = unsplit * w.num_splits;
+  if (items >= kMax32) return Status::Error("work items (" + std::to_string(items) + ") exceed stage 06's limit 2^31");
+  w.n_items = static_cast<unsigned>(items);
+  l.ctas = std::min(items, l.slots);
+  l.sm_count = device->sm_count;
+  *out = l;
+  return Status::Ok();
+}
+
+// Workspace: [arrival counters][o_partial][lse_partial], each 256-byte aligned. The counters take
+// the same bytes for every problem on a device (only a grid under one wave is split, so it has
+// fewer query blocks than slots), so the zeros one launch leaves are where the next one reads.
+struct WorkspaceLayout {
+  size_t o_partial = 0, lse_partial = 0, total = 0;
+};
+
+WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
+  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
+  const size_t splits = l.work.num_splits > 1 ? static_cast<size_t>(l.work.num_splits) : 0;
+  WorkspaceLayout ws;
+  ws.o_partial = align(static_cast<size_t>(kMaxCtasPerSm) * static_cast<size_t>(l.sm_count) * sizeof(int));
+  ws.lse_partial = ws.o_partial + align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
+  ws.total = ws.lse_partial + align(splits * rows * sizeof(float));
+  return ws;
+}
+
+size_t workspace_bytes(const AttnParams& p) {
+  Launch l;
+  if (!make_launch(p, &l).ok()) return 0;
+  return layout_for(p, l).total;
+}
+
+Status plan(const AttnParams& p, LaunchPlan* out) {
+  Launch l;
+  ATTN_TRY(make_launch(p, &l));
+  out->grid = dim3(static_cast<unsigned>(l.ctas));
+  out->block = dim3(kThreads);
+  out->dynamic_smem_bytes = l.smem;
+  out->kernel = reinterpret_cast<const void*>(l.kernel);
+  out->notes = "persistent: " + std::to_string(l.ctas) + " CTAs over " + std::to_string(l.work.n_items) +
+               " work items, 1 producer warpgroup + " + std::to_string(kConsumers) + " consumer warpgroups, Br=" +
+               std::to_string(kBr) + " packed rows (" + std::to_string(1 << l.work.log2_pack) +
+               " heads per block), Bc=" + std::to_string(kBc) + ", " + std::to_string(p.d == 64 ? stages_for<64>() : stages_for<128>()) +
+               " K/V slots, num_splits=" + std::to_string(l.work.num_splits);
+  return Status::Ok();
+}
+
+// The three tensor maps. Q: (d, head in pack, position, packed head, batch), box (64, 2^k,
+// Br / 2^k): one box is Br packed rows of 64 columns. K and V: (d, position, kv head, batch), box
+// (64, Bc). Strides in bytes, from AttnParams' element strides.
+Status encode_maps(const AttnParams& p, int log2_pack, Maps* maps) {
+  const uint64_t e = 2, pack = uint64_t{1} << log2_pack;
+  const uint64_t q_dims[5] = {static_cast<uint64_t>(p.d), pack, static_cast<uint64_t>(p.sq), static_cast<uint64_t>(p.hq) / pack,
+                              static_cast<uint64_t>(p.b)};
+  const uint64_t q_strides[4] = {p.q_head_stride * e, p.q_seq_stride * e, pack * p.q_head_stride * e, p.q_batch_stride * e};
+  const uint32_t q_box[5] = {kCols, static_cast<uint32_t>(pack), static_cast<uint32_t>(kBr / pack), 1, 1};
+  ATTN_TRY(encode_tensor_map(&maps->q, p.q, p.dtype, 5, q_dims, q_strides, q_box, "q"));
+  const uint32_t kv_box[4] = {kCols, kBc, 1, 1};
+  const uint64_t kv_dims[4] = {static_cast<uint64_t>(p.d), static_cast<uint64_t>(p.sk), static_cast<uint64_t>(p.hkv),
+                               static_cast<uint64_t>(p.b)};
+  const uint64_t k_strides[3] = {p.k_seq_stride * e, p.k_head_stride * e, p.k_batch_stride * e};
+  ATTN_TRY(encode_tensor_map(&maps->k, p.k, p.dtype, 4, kv_dims, k_strides, kv_box, "k"));
+  const uint64_t v_strides[3] = {p.v_seq_stride * e, p.v_head_stride * e, p.v_batch_stride * e};
+  return encode_tensor_map(&maps->v, p.v, p.dtype, 4, kv_dims, v_strides, kv_box, "v");
+}
+
+Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
+  ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, 0));  // parameters and GPU, before the plan
+#if !defined(ATTN_HAS_SM90A)
+  return Status::Error(std::string("stage ") + kStageName +
+                       " was built without sm_90a code: add 90a to CMAKE_CUDA_ARCHITECTURES");
+#endif
+  Launch l;
+  ATTN_TRY(make_launch(p, &l));
+  const WorkspaceLayout layout = layout_for(p, l);
+  ATTN_TRY(check_workspace(kStageName, ws, layout.total));
+  Maps maps;
+  ATTN_TRY(encode_maps(p, l.work.log2_pack, &maps));
+  AttnParams kp = p;
+  kp.scale = effective_scale(p) * kLog2e;  // scores in log2 units: exp(x) = exp2(x log2 e)
+  Work w = l.work;
+  char* base = static_cast<char*>(ws.ptr);
+  w.arrivals = reinterpret_cast<int*>(base);
+  w.o_partial = reinterpret_cast<float*>(base + layout.o_partial);
+  w.lse_partial = reinterpret_cast<float*>(base + layout.lse_partial);
+  l.kernel<<<static_cast<unsigned>(l.ctas), kThreads, l.smem, stream>>>(maps, kp, w);
+  return check_launch(kStageName);
+}
+
+}  // namespace
+
+StageInfo stage_06_warp_specialized() {
+  StageInfo s;
+  s.name = kStageName;
+  s.description = "Hopper: TMA copies, wgmma, a producer warp and two consumer warpgroups over an mbarrier ring";
+  s.min_sm = kMinSm;
+  s.launch = launch;
+  s.plan = plan;
+  s.workspace_bytes = workspace_bytes;
+  return s;
+}
+
+}  // namespace attn
