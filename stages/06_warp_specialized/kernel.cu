@@ -32,32 +32,60 @@ constexpr const char* kStageName = "06_warp_specialized";
 constexpr int kMinSm = 90;
 constexpr int kWarp = 32;
 constexpr int kWarpGroup = 128;  // wgmma's unit: 4 warps
-constexpr int kConsumers = 2;    // consumer warpgroups, 64 query rows each
-constexpr int kThreads = (1 + kConsumers) * kWarpGroup;  // warpgroup 0 is the producer's
-constexpr int kBr = 64 * kConsumers;  // packed query rows per work item
-constexpr int kBc = 128;              // keys per K/V tile
-constexpr int kCols = 64;             // elements per 128-byte swizzled row: the width of a TMA box
+constexpr int kCols = 64;         // elements per 128-byte swizzled row: the width of a TMA box
 constexpr int kRowBytes = kCols * 2;
-// setmaxnreg: the producer warpgroup keeps 40 registers a thread and the consumers take the rest.
-// The launch allocates 168 per thread (65536 / 384, rounded down to 8): 128 * 40 + 256 * 232 =
-// 64512 fits the same pool.
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+constexpr int kSmemLimit = 227 * 1024;  // shared memory a Hopper CTA may use
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kMaxSplits = 128;       // beyond this the merge costs more than the parallelism buys
 constexpr int kMaxCtasPerSm = 32;     // sizes the arrival counters (hardware limit of resident CTAs)
 constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q copy and its share of the merge
 
-// K/V slots in the ring: as many as fit beside two Q slots (D = 128: 32 KB per K or V tile).
-// Q has two slots, so that the next item's Q lands while this item's last tiles are computed.
-template <int D> constexpr int stages_for() { return D == 64 ? 4 : 2; }
+#ifndef ATTN06_CONSUMERS_D64
+#define ATTN06_CONSUMERS_D64 3
+#endif
+#ifndef ATTN06_CONSUMERS_D128
+#define ATTN06_CONSUMERS_D128 2
+#endif
+#ifndef ATTN06_BC_D64
+#define ATTN06_BC_D64 128
+#endif
+#ifndef ATTN06_BC_D128
+#define ATTN06_BC_D128 128
+#endif
+// The CTA for head dimension D: Consumers warpgroups of 64 query rows each after the producer's
+// warpgroup, Bc keys per K/V tile. While a consumer warpgroup computes its softmax it leaves the
+// tensor cores to the others: more consumers keep them busier, as far as the registers allow
+// (S, P and O of a thread: Bc/2 + Bc/4 + D/2). setmaxnreg leaves the producer warpgroup 24 or 40
+// registers a thread and gives the rest of the launch's pool (65536 / threads each, rounded down
+// to 8) to the consumers. Q has two slots, so that the next item's Q lands while this item's last
+// tiles are computed; the K/V ring has as many slots as fit beside them (up to 4).
+template <int D, int C>
+struct Tile {
+  static constexpr int kConsumers = C;
+  static constexpr int kThreads = (1 + kConsumers) * kWarpGroup;
+  static constexpr int kBr = 64 * kConsumers;  // packed query rows per work item
+  static constexpr int kBc = D == 64 ? ATTN06_BC_D64 : ATTN06_BC_D128;  // keys per K/V tile
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 40;
+  static constexpr int kConsumerRegs = std::min(
+      240, (65536 / kThreads / 8 * 8 * kThreads - kProducerRegs * kWarpGroup) / (kConsumers * kWarpGroup) / 8 * 8);
+  static constexpr int kQBytes = kBr * D * 2, kTileBytes = kBc * D * 2;
+  static constexpr int kStages = std::min(4, (kSmemLimit - 2 * kQBytes - 2048) / (2 * kTileBytes));
+  static_assert(kStages >= 2, "two K/V slots at least");
+  static_assert(kConsumerRegs >= 152 && kConsumerRegs <= 256, "consumer registers");
+};
+// The large CTA, for grids of at least most of a wave: three consumer warpgroups at D = 64, two at
+// D = 128 (where S, P and O take more registers). The small one, one consumer warpgroup, for
+// small problems and decode: four times (D = 64: three times) the CTAs, and a deeper K/V ring.
+template <int D> constexpr int kLargeConsumers = D == 64 ? ATTN06_CONSUMERS_D64 : ATTN06_CONSUMERS_D128;
+
 
 // Shared memory. Every tile is stored as D/64 column blocks of 128-byte rows in TMA's 128-byte
 // swizzle (the 16-byte piece c of row r sits at piece c ^ (r % 8)), each block 1024-byte aligned:
 // the layout wgmma's descriptors name.
-template <int D>
+template <int D, int C>
 struct Smem {
-  static constexpr int kChunks = D / kCols, kStages = stages_for<D>();
+  static constexpr int kChunks = D / kCols, kStages = Tile<D, C>::kStages, kBr = Tile<D, C>::kBr, kBc = Tile<D, C>::kBc;
   alignas(1024) unsigned char q[2][kChunks][kBr * kRowBytes];        // [slot][D/64][Br][64]
   alignas(1024) unsigned char k[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
   alignas(1024) unsigned char v[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
@@ -68,8 +96,7 @@ struct Smem {
   uint64_t v_empty[kStages];  // ... and its V (after P.V)
   int last_split;             // this CTA brought its query block's last split (it merges)
 };
-static_assert(sizeof(Smem<128>) + 1024 <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
-static_assert(sizeof(Smem<64>) + 1024 <= 227 * 1024, "exceeds the 227 KB a Hopper CTA may use");
+
 
 // The three tensor maps, passed by value as one __grid_constant__ parameter (TMA reads them from
 // the parameter space).
@@ -108,7 +135,9 @@ __host__ __device__ __forceinline__ int64_t row_end(const AttnParams& p, int64_t
 // Items in 32 bits (make_launch keeps them under 2^31). Splits fastest (a block's splits run
 // close together, and its merge soon after), then query blocks, so that the CTAs running at one
 // time share the K/V of a few heads in L2; the longest block first when causal.
+template <int D, int C>
 __device__ __forceinline__ Item decode_item(const AttnParams& p, const Work& w, unsigned item) {
+  constexpr int kBr = Tile<D, C>::kBr, kBc = Tile<D, C>::kBc;
   Item it;
   it.split = static_cast<int>(item % static_cast<unsigned>(w.num_splits));
   unsigned rest = item / static_cast<unsigned>(w.num_splits);
@@ -133,14 +162,14 @@ using namespace hopper;
 
 // The producer: one thread of warpgroup 0 issues every TMA copy of this CTA's items. Q of an item
 // waits until the consumers have read the previous item's Q; each K/V tile waits for its slot.
-template <int D>
-__device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, const Work& w, Smem<D>& sm) {
-  constexpr int kChunks = D / kCols, kStages = stages_for<D>();
-  constexpr uint32_t kQBytes = kBr * D * 2, kTileBytes = kBc * D * 2;  // whole boxes, zeros included
+template <int D, int C>
+__device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, const Work& w, Smem<D, C>& sm) {
+  constexpr int kChunks = D / kCols, kStages = Tile<D, C>::kStages, kBc = Tile<D, C>::kBc;
+  constexpr uint32_t kQBytes = Tile<D, C>::kQBytes, kTileBytes = Tile<D, C>::kTileBytes;  // whole boxes, zeros included
   const int64_t group = p.hq / p.hkv;
   uint32_t q_uses = 0, kv_uses = 0;
   for (unsigned item = blockIdx.x; item < w.n_items; item += gridDim.x) {
-    const Item it = decode_item(p, w, item);
+    const Item it = decode_item<D, C>(p, w, item);
     if (it.n_tiles == 0) continue;
     const int b = static_cast<int>(it.b), h_kv = static_cast<int>((it.hs << w.log2_pack) / group);
     const int q_slot = q_uses % 2;
@@ -216,9 +245,9 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, in
 
 // A consumer warpgroup: rows [64 cw, 64 cw + 64) of each item, warp wq of it rows 16 wq + lane/4
 // and + 8 (the accumulator layout, hopper.cuh).
-template <typename T, int D>
-__device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem<D>& sm, int cw, int wq, int lane) {
-  constexpr int kStages = stages_for<D>();
+template <typename T, int D, int C>
+__device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem<D, C>& sm, int cw, int wq, int lane) {
+  constexpr int kStages = Tile<D, C>::kStages, kBr = Tile<D, C>::kBr, kBc = Tile<D, C>::kBc, kConsumers = Tile<D, C>::kConsumers;
   constexpr int kS = kBc / 2, kO = D / 2;  // accumulators per thread: S[64][Bc], O[64][D]
   const unsigned rows = static_cast<unsigned>(p.sq) << w.log2_pack;  // packed rows per (b, hs)
   const unsigned pack_mask = (1u << w.log2_pack) - 1;
@@ -229,7 +258,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
   uint32_t q_uses = 0, kv_uses = 0;
 
   for (unsigned item = blockIdx.x; item < w.n_items; item += gridDim.x) {
-    const Item it = decode_item(p, w, item);
+    const Item it = decode_item<D, C>(p, w, item);
     const unsigned wg_row0 = it.row0 + 64 * cw;
     const bool active = wg_row0 < rows;  // warpgroup-uniform: a block of padding rows only paces
     // Each thread's two rows: their last key, running max m (log2 units) and partial sum l.
@@ -270,7 +299,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
           const uint32_t step = (kk % 4) * 32;
           const uint64_t a = smem_descriptor(q_addr + (kk / 4) * kBr * kRowBytes + step, 16, 1024);
           const uint64_t bk = smem_descriptor(k_addr + (kk / 4) * kBc * kRowBytes + step, 16, 1024);
-          wgmma_ss_n128<T>(s, a, bk, kk > 0);
+          if constexpr (kBc == 64) wgmma_ss_n64<T>(s, a, bk, kk > 0);
+          else wgmma_ss_n128<T>(s, a, bk, kk > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -422,13 +452,13 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
 
 // grid = min(work items, SMs), 384 threads: warpgroup 0 produces, 1 and 2 consume. Each CTA takes
 // items blockIdx.x, + gridDim.x, ...: the producer and the consumers walk the same list.
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 1)
+template <typename T, int D, int C>
+__global__ void __launch_bounds__(Tile<D, C>::kThreads, 1)
     warp_specialized_kernel(const __grid_constant__ Maps maps, const AttnParams p, const Work w) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   // Dynamic shared memory is only 16-byte aligned; the swizzled tiles need 1024.
-  Smem<D>& sm = *reinterpret_cast<Smem<D>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  Smem<D, C>& sm = *reinterpret_cast<Smem<D, C>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWarp, 0);
   const int lane = threadIdx.x % kWarp;
   if (threadIdx.x == 0) {
@@ -438,36 +468,51 @@ __global__ void __launch_bounds__(kThreads, 1)
     prefetch_tensor_map(&maps.v);
     for (int s = 0; s < 2; ++s) {
       mbarrier_init(&sm.q_full[s], 1);  // the producer's arrive_expect_tx, then the bytes
-      mbarrier_init(&sm.q_empty[s], kConsumers * 4);  // one arrival per consumer warp
+      mbarrier_init(&sm.q_empty[s], Tile<D, C>::kConsumers * 4);  // one arrival per consumer warp
     }
-    for (int s = 0; s < stages_for<D>(); ++s) {
+    for (int s = 0; s < Tile<D, C>::kStages; ++s) {
       mbarrier_init(&sm.k_full[s], 1);
       mbarrier_init(&sm.v_full[s], 1);
-      mbarrier_init(&sm.k_empty[s], kConsumers * 4);
-      mbarrier_init(&sm.v_empty[s], kConsumers * 4);
+      mbarrier_init(&sm.k_empty[s], Tile<D, C>::kConsumers * 4);
+      mbarrier_init(&sm.v_empty[s], Tile<D, C>::kConsumers * 4);
     }
     fence_barrier_init();
   }
   __syncthreads();
   if (warp / 4 == 0) {
-    setmaxnreg_dec<kProducerRegs>();
-    if (warp == 0 && lane == 0) produce<D>(maps, p, w, sm);
+    setmaxnreg_dec<Tile<D, C>::kProducerRegs>();
+    if (warp == 0 && lane == 0) produce<D, C>(maps, p, w, sm);
   } else {
-    setmaxnreg_inc<kConsumerRegs>();
-    consume<T, D>(p, w, sm, warp / 4 - 1, warp % 4, lane);
+    setmaxnreg_inc<Tile<D, C>::kConsumerRegs>();
+    consume<T, D, C>(p, w, sm, warp / 4 - 1, warp % 4, lane);
   }
 #endif
 }
 
 using Kernel = void (*)(Maps, AttnParams, Work);
 
-Kernel select_kernel(const AttnParams& p) {
-  if (p.dtype == DType::f16) return p.d == 64 ? warp_specialized_kernel<__half, 64> : warp_specialized_kernel<__half, 128>;
-  return p.d == 64 ? warp_specialized_kernel<__nv_bfloat16, 64> : warp_specialized_kernel<__nv_bfloat16, 128>;
+template <typename T, int D> Kernel select_kernel(bool small) {
+  return small ? warp_specialized_kernel<T, D, 1> : warp_specialized_kernel<T, D, kLargeConsumers<D>>;
+}
+Kernel select_kernel(const AttnParams& p, bool small) {
+  if (p.dtype == DType::f16) return p.d == 64 ? select_kernel<__half, 64>(small) : select_kernel<__half, 128>(small);
+  return p.d == 64 ? select_kernel<__nv_bfloat16, 64>(small) : select_kernel<__nv_bfloat16, 128>(small);
 }
 
-// Dynamic shared memory: the layout plus the slack for aligning it to 1024 bytes.
-size_t smem_bytes(const AttnParams& p) { return (p.d == 64 ? sizeof(Smem<64>) : sizeof(Smem<128>)) + 1024; }
+// The CTA's shape for p's head dimension, for the host. smem: the layout plus the slack for
+// aligning it to 1024 bytes (dynamic shared memory is only 16-byte aligned).
+struct TileInfo {
+  int consumers, threads, br, bc, stages;
+  size_t smem;
+};
+template <int D, int C> TileInfo tile_info() {
+  using Cfg = Tile<D, C>;
+  return {Cfg::kConsumers, Cfg::kThreads, Cfg::kBr, Cfg::kBc, Cfg::kStages, sizeof(Smem<D, C>) + 1024};
+}
+TileInfo tile_of(const AttnParams& p, bool small) {
+  if (small) return p.d == 64 ? tile_info<64, 1>() : tile_info<128, 1>();
+  return p.d == 64 ? tile_info<64, kLargeConsumers<64>>() : tile_info<128, kLargeConsumers<128>>();
+}
 
 // How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
 // the best wave efficiency, the smallest on ties, capped by kMaxSplits and max_splits (as 02-05).
@@ -486,6 +531,7 @@ int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_spl
 
 // Everything launch() decides for a problem.
 struct Launch {
+  TileInfo tile;        // the CTA's shape
   Work work;            // decomposition (pointers filled at launch)
   int64_t ctas = 0;     // min(items, resident slots)
   int64_t slots = 0;    // resident CTAs per SM x SMs
@@ -497,40 +543,52 @@ struct Launch {
 Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
-  Launch l;
-  // Pack the largest power of two of a GQA group's heads that divides it (at most Br): TMA's box
-  // then takes Br / 2^k query positions of 2^k heads, which is Br packed rows.
   const int64_t group = p.hq / p.hkv;
-  int log2_pack = 0;
-  while ((group % (int64_t{2} << log2_pack)) == 0 && (2 << log2_pack) <= kBr) ++log2_pack;
-  const int64_t rows = p.sq << log2_pack;
-  constexpr int64_t kMax32 = (int64_t{1} << 31) - kBr - kBc;  // the kernel counts rows, keys and items in 32 bits
-  if (rows >= kMax32 || p.sk >= kMax32 || p.hq >= kMax32)
-    return Status::Error("Sq * 2^pack (" + std::to_string(rows) + "), Sk (" + std::to_string(p.sk) + ") and Hq (" +
-                         std::to_string(p.hq) + ") must be under stage 06's limit 2^31");
-  l.kernel = select_kernel(p);
-  l.smem = smem_bytes(p);
-  if (l.smem > device->smem_per_block_optin)
-    return Status::Error("stage 06_warp_specialized needs " + std::to_string(l.smem) +
-                         " bytes of shared memory per CTA, the device allows " + std::to_string(device->smem_per_block_optin));
-  int ctas_per_sm = 0;
-  ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(l.kernel), kThreads, l.smem, &ctas_per_sm));
-  l.slots = static_cast<int64_t>(std::min(ctas_per_sm, kMaxCtasPerSm)) * device->sm_count;
+  auto configure = [&](bool small, Launch* l) -> Status {
+    l->tile = tile_of(p, small);
+    const int kBr = l->tile.br;
+    // Pack the largest power of two of a GQA group's heads that divides both the group and Br:
+    // TMA's box then takes Br / 2^k query positions of 2^k heads, which is Br packed rows.
+    int log2_pack = 0;
+    while ((group % (int64_t{2} << log2_pack)) == 0 && kBr % (2 << log2_pack) == 0) ++log2_pack;
+    const int64_t rows = p.sq << log2_pack;
+    const int64_t kMax32 = (int64_t{1} << 31) - kBr - l->tile.bc;  // rows, keys and items in 32 bits
+    if (rows >= kMax32 || p.sk >= kMax32 || p.hq >= kMax32)
+      return Status::Error("Sq * 2^pack (" + std::to_string(rows) + "), Sk (" + std::to_string(p.sk) + ") and Hq (" +
+                           std::to_string(p.hq) + ") must be under stage 06's limit 2^31");
+    l->kernel = select_kernel(p, small);
+    l->smem = l->tile.smem;
+    if (l->smem > device->smem_per_block_optin)
+      return Status::Error("stage 06_warp_specialized needs " + std::to_string(l->smem) +
+                           " bytes of shared memory per CTA, the device allows " + std::to_string(device->smem_per_block_optin));
+    int ctas_per_sm = 0;
+    ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(l->kernel), l->tile.threads, l->smem, &ctas_per_sm));
+    l->slots = static_cast<int64_t>(std::min(ctas_per_sm, kMaxCtasPerSm)) * device->sm_count;
+    l->work.log2_pack = log2_pack;
+    l->work.q_blocks = static_cast<int>((rows + kBr - 1) / kBr);
+    l->sm_count = device->sm_count;
+    return Status::Ok();
+  };
+  Launch large, small;
+  ATTN_TRY(configure(false, &large));
+  ATTN_TRY(configure(true, &small));
+  auto unsplit_of = [&](const Launch& l) { return int64_t{l.work.q_blocks} * (p.hq >> l.work.log2_pack) * p.b; };
+  // The large CTA when its grid fills most of one wave (80%, as for splitting); else the small one
+  // when its grid fits in one wave; else the large one (a few long items, not two rounds of short).
+  const bool use_large = unsplit_of(large) * 10 >= large.slots * 8 || unsplit_of(small) > small.slots;
+  Launch l = use_large ? large : small;
   Work& w = l.work;
-  w.log2_pack = log2_pack;
-  w.q_blocks = static_cast<int>((rows + kBr - 1) / kBr);
-  const int64_t unsplit = int64_t{w.q_blocks} * (p.hq >> log2_pack) * p.b;
-  const int64_t kv_tiles = (p.sk + kBc - 1) / kBc;
+  const int64_t unsplit = unsplit_of(l);
+  const int64_t kv_tiles = (p.sk + l.tile.bc - 1) / l.tile.bc;
   // At most one item per resident CTA: more splits add fixed costs without parallelism.
   const int splits = choose_num_splits(unsplit, l.slots,
                                        std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, l.slots / unsplit)));
-  w.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
+  w.keys_per_split = (kv_tiles + splits - 1) / splits * l.tile.bc;
   w.num_splits = static_cast<int>((p.sk + w.keys_per_split - 1) / w.keys_per_split);
   const int64_t items = unsplit * w.num_splits;
-  if (items >= kMax32) return Status::Error("work items (" + std::to_string(items) + ") exceed stage 06's limit 2^31");
+  if (items >= (int64_t{1} << 31)) return Status::Error("work items (" + std::to_string(items) + ") exceed stage 06's limit 2^31");
   w.n_items = static_cast<unsigned>(items);
   l.ctas = std::min(items, l.slots);
-  l.sm_count = device->sm_count;
   *out = l;
   return Status::Ok();
 }
@@ -563,13 +621,13 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
   Launch l;
   ATTN_TRY(make_launch(p, &l));
   out->grid = dim3(static_cast<unsigned>(l.ctas));
-  out->block = dim3(kThreads);
+  out->block = dim3(l.tile.threads);
   out->dynamic_smem_bytes = l.smem;
   out->kernel = reinterpret_cast<const void*>(l.kernel);
   out->notes = "persistent: " + std::to_string(l.ctas) + " CTAs over " + std::to_string(l.work.n_items) +
-               " work items, 1 producer warpgroup + " + std::to_string(kConsumers) + " consumer warpgroups, Br=" +
-               std::to_string(kBr) + " packed rows (" + std::to_string(1 << l.work.log2_pack) +
-               " heads per block), Bc=" + std::to_string(kBc) + ", " + std::to_string(p.d == 64 ? stages_for<64>() : stages_for<128>()) +
+               " work items, 1 producer warpgroup + " + std::to_string(l.tile.consumers) + " consumer warpgroups, Br=" +
+               std::to_string(l.tile.br) + " packed rows (" + std::to_string(1 << l.work.log2_pack) +
+               " heads per block), Bc=" + std::to_string(l.tile.bc) + ", " + std::to_string(l.tile.stages) +
                " K/V slots, num_splits=" + std::to_string(l.work.num_splits);
   return Status::Ok();
 }
@@ -577,14 +635,14 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
 // The three tensor maps. Q: (d, head in pack, position, packed head, batch), box (64, 2^k,
 // Br / 2^k): one box is Br packed rows of 64 columns. K and V: (d, position, kv head, batch), box
 // (64, Bc). Strides in bytes, from AttnParams' element strides.
-Status encode_maps(const AttnParams& p, int log2_pack, Maps* maps) {
+Status encode_maps(const AttnParams& p, const TileInfo& tile, int log2_pack, Maps* maps) {
   const uint64_t e = 2, pack = uint64_t{1} << log2_pack;
   const uint64_t q_dims[5] = {static_cast<uint64_t>(p.d), pack, static_cast<uint64_t>(p.sq), static_cast<uint64_t>(p.hq) / pack,
                               static_cast<uint64_t>(p.b)};
   const uint64_t q_strides[4] = {p.q_head_stride * e, p.q_seq_stride * e, pack * p.q_head_stride * e, p.q_batch_stride * e};
-  const uint32_t q_box[5] = {kCols, static_cast<uint32_t>(pack), static_cast<uint32_t>(kBr / pack), 1, 1};
+  const uint32_t q_box[5] = {kCols, static_cast<uint32_t>(pack), static_cast<uint32_t>(tile.br / pack), 1, 1};
   ATTN_TRY(encode_tensor_map(&maps->q, p.q, p.dtype, 5, q_dims, q_strides, q_box, "q"));
-  const uint32_t kv_box[4] = {kCols, kBc, 1, 1};
+  const uint32_t kv_box[4] = {kCols, static_cast<uint32_t>(tile.bc), 1, 1};
   const uint64_t kv_dims[4] = {static_cast<uint64_t>(p.d), static_cast<uint64_t>(p.sk), static_cast<uint64_t>(p.hkv),
                                static_cast<uint64_t>(p.b)};
   const uint64_t k_strides[3] = {p.k_seq_stride * e, p.k_head_stride * e, p.k_batch_stride * e};
@@ -604,7 +662,7 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   const WorkspaceLayout layout = layout_for(p, l);
   ATTN_TRY(check_workspace(kStageName, ws, layout.total));
   Maps maps;
-  ATTN_TRY(encode_maps(p, l.work.log2_pack, &maps));
+  ATTN_TRY(encode_maps(p, l.tile, l.work.log2_pack, &maps));
   AttnParams kp = p;
   kp.scale = effective_scale(p) * kLog2e;  // scores in log2 units: exp(x) = exp2(x log2 e)
   Work w = l.work;
@@ -612,7 +670,7 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   w.arrivals = reinterpret_cast<int*>(base);
   w.o_partial = reinterpret_cast<float*>(base + layout.o_partial);
   w.lse_partial = reinterpret_cast<float*>(base + layout.lse_partial);
-  l.kernel<<<static_cast<unsigned>(l.ctas), kThreads, l.smem, stream>>>(maps, kp, w);
+  l.kernel<<<static_cast<unsigned>(l.ctas), l.tile.threads, l.smem, stream>>>(maps, kp, w);
   return check_launch(kStageName);
 }
 
