@@ -287,7 +287,6 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
       const uint32_t phase = (kv_uses / kStages) & 1;
       const int64_t kv_tile = it.kv_begin + int64_t{t} * kBc;
       float s[kS];
-      uint32_t pa[kBc / 16][4];  // P as the A operand of P.V, 16 keys per step
       mbarrier_wait(&sm.k_full[slot], phase);
       if (active) {
         // S = Q.K^T: D/16 steps of 16 along the head dimension; step kk reads 32 bytes into the
@@ -368,11 +367,12 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
         if (scale > 0.0f) online_softmax(std::true_type{});
         else online_softmax(std::false_type{});
         // P rounded to the input type in the A-fragment layout: pair q of step kk is S elements
-        // 8 kk + 2 q and 8 kk + 2 q + 1 (hopper.cuh).
+        // 8 kk + 2 q and 8 kk + 2 q + 1 (hopper.cuh). The pairs are packed into S's own first
+        // half (s[8 kk + q]), so that P needs no registers of its own.
 #pragma unroll
         for (int kk = 0; kk < kBc / 16; ++kk)
 #pragma unroll
-          for (int q = 0; q < 4; ++q) pa[kk][q] = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+          for (int q = 0; q < 4; ++q) s[8 * kk + q] = __uint_as_float(pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]));
       }
       mbarrier_wait(&sm.v_full[slot], phase);
       if (active) {
@@ -383,8 +383,10 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
 #pragma unroll
         for (int kk = 0; kk < kBc / 16; ++kk) {
           const uint64_t bv = smem_descriptor(v_addr + kk * 16 * kRowBytes, kBc * kRowBytes, 1024);
-          if constexpr (D == 64) wgmma_rs_n64<T>(o, pa[kk], bv, 1);
-          else wgmma_rs_n128<T>(o, pa[kk], bv, 1);
+          const uint32_t pa[4] = {__float_as_uint(s[8 * kk]), __float_as_uint(s[8 * kk + 1]),
+                                  __float_as_uint(s[8 * kk + 2]), __float_as_uint(s[8 * kk + 3])};
+          if constexpr (D == 64) wgmma_rs_n64<T>(o, pa, bv, 1);
+          else wgmma_rs_n128<T>(o, pa, bv, 1);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -580,9 +582,11 @@ Status make_launch(const AttnParams& p, Launch* out) {
   Work& w = l.work;
   const int64_t unsplit = unsplit_of(l);
   const int64_t kv_tiles = (p.sk + l.tile.bc - 1) / l.tile.bc;
-  // At most one item per resident CTA: more splits add fixed costs without parallelism.
+  // At most two items per resident CTA: a second round can fill the SMs the first leaves idle
+  // (decode's 8 kv heads: 33 splits fill 264 slots, 16 leave 4 SMs idle); more rounds would add
+  // items' fixed costs (a Q copy, a partial output to write and merge) without parallelism.
   const int splits = choose_num_splits(unsplit, l.slots,
-                                       std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, l.slots / unsplit)));
+                                       std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, 2 * l.slots / unsplit)));
   w.keys_per_split = (kv_tiles + splits - 1) / splits * l.tile.bc;
   w.num_splits = static_cast<int>((p.sk + w.keys_per_split - 1) / w.keys_per_split);
   const int64_t items = unsplit * w.num_splits;
