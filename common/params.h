@@ -80,6 +80,10 @@ struct Workspace {
 ///         "Hq (12) is not a multiple of Hkv (5)".
 Status validate_params(const AttnParams& p);
 
+/// The checks of validate_params() that need no pointer or stride: sizes, heads, D, dtype and
+/// scale. The command-line programs run them on a shape before they look for a GPU.
+Status validate_sizes(const AttnParams& p);
+
 /// Check that a stage needing compute capability @p min_sm (e.g. 90) may run on a device of
 /// compute capability @p device_sm; the message names the stage's requirement and the device's.
 Status check_compute_capability(const char* stage, int min_sm, int device_sm);

@@ -33,6 +33,12 @@ struct ProblemShape {
 /// "B1 Hq1 Hkv1 Sq128 Sk128 D64 fp16 BSHD" plus " causal" when causal.
 std::string describe(const ProblemShape& s);
 
+/// Check a shape before anything is allocated for it: validate_sizes()'s rules (sizes >= 1,
+/// Hq a multiple of Hkv, D 64 or 128, dtype, finite scale), the layout, a padding that keeps
+/// rows 16-byte aligned, and a total size that fits in 64-bit offsets.
+/// @return an error naming the first offending field and its value.
+Status validate_shape(const ProblemShape& s);
+
 /// Number of keys query row @p i sees (0 for an empty row): all Sk, or with the bottom-right
 /// causal mask min(Sk, max(0, i + Sk - Sq + 1)).
 int64_t visible_keys(const ProblemShape& s, int64_t i);
