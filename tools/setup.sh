@@ -6,8 +6,8 @@
 #   always   CMake >= 3.25, Ninja, a C++17 compiler, doctest, Google Benchmark; the CUDA toolkit
 #            (nvcc >= 12.4) must already be installed: it is not an apt package of Debian's main.
 #   --docs   also Doxygen and Python 3 (the docs target and its link check)
-#   --plot   also matplotlib for python3 (tools/plot.py): apt for the system Python, else pip
-#            with tools/requirements.txt
+#   --plot   also matplotlib for $PYTHON (default python3; tools/plot.py): Debian's package for
+#            the system Python, else pip with tools/requirements.txt
 # Whatever it cannot provide, it names in one line with what to do, and exits 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,15 +61,16 @@ if [ $docs = 1 ]; then
   have python3 || need python3 "Python 3"
 fi
 
-# matplotlib belongs to whichever python3 is on PATH: the system one gets Debian's package,
-# any other (a venv, pyenv, conda) gets pip and tools/requirements.txt.
+# matplotlib belongs to one interpreter, $PYTHON (default: python3 on PATH): the system one gets
+# Debian's package, any other (a venv, pyenv, conda) gets pip and tools/requirements.txt.
+python=${PYTHON:-python3}
 pip_plot=0
 if [ $plot = 1 ]; then
-  if ! have python3; then
+  if ! have "$python"; then
     need python3-matplotlib "Python 3 with matplotlib"
-  elif ! python3 -c "import matplotlib" >/dev/null 2>&1; then
-    python3_path=$(readlink -f "$(command -v python3)")
-    if [ $apt = 1 ] && [[ $python3_path == /usr/bin/* ]]; then packages+=(python3-matplotlib); else pip_plot=1; fi
+  elif ! "$python" -c "import matplotlib" >/dev/null 2>&1; then
+    python_path=$(readlink -f "$(command -v "$python")")
+    if [ $apt = 1 ] && [[ $python_path == /usr/bin/* ]]; then packages+=(python3-matplotlib); else pip_plot=1; fi
   fi
 fi
 
@@ -100,9 +101,9 @@ if [ ${#packages[@]} -gt 0 ]; then
 fi
 
 if [ $pip_plot = 1 ]; then
-  echo "setup: installing tools/requirements.txt for $(command -v python3) (pip)"
-  python3 -m pip install -q -r tools/requirements.txt ||
-    fail "pip could not install matplotlib for $(command -v python3): python3 -m pip install -r tools/requirements.txt"
+  echo "setup: installing tools/requirements.txt for $(command -v "$python") (pip)"
+  "$python" -m pip install -q -r tools/requirements.txt ||
+    fail "pip could not install matplotlib for $(command -v "$python"): $python -m pip install -r tools/requirements.txt, or PYTHON=/usr/bin/python3 with Debian's python3-matplotlib"
 fi
 
 compiler=$(command -v c++ || command -v g++)
