@@ -29,7 +29,7 @@ using namespace attn;
 
 namespace {
 
-// Google Benchmark appends "/iterations:1/manual_time" to names; SPEC.md's names are
+// Google Benchmark appends "/iterations:1/manual_time" to names; the results' names are
 // <stage>/<shape>, so both reporters see the runs with those parts removed.
 template <typename Base>
 class SpecNames : public Base {

@@ -69,7 +69,7 @@ struct StageMeasurement {
   double gbps = 0;      ///< attention_bytes / time
   bool checked = false; ///< whether err holds a comparison
   ErrorStats err;       ///< vs the fp64 reference
-  bool pass = true;     ///< err within SPEC.md's bounds (true when unchecked)
+  bool pass = true;     ///< err within the contract's bounds (true when unchecked)
 };
 
 /// Run @p stage on @p prepared once with poisoned outputs, check it, then time it.

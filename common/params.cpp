@@ -1,4 +1,4 @@
-// Validation of AttnParams against SPEC.md. Host-only: nothing here touches the GPU except
+// Validation of AttnParams against the contract (README). Host-only: nothing here touches the GPU except
 // validate_launch(), which reads the current device's compute capability after every other check.
 #include "params.h"
 

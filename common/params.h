@@ -1,5 +1,5 @@
 /// @file params.h
-/// @brief The attention problem every stage computes (see SPEC.md) and its validation.
+/// @brief The attention problem every stage computes (README, "The contract") and its validation.
 #pragma once
 
 #include <cstddef>
@@ -74,7 +74,7 @@ struct Workspace {
   size_t bytes = 0;     ///< size of the allocation
 };
 
-/// Check @p p against SPEC.md's rules shared by every stage: pointers, sizes, heads, D, dtype,
+/// Check @p p against the contract's rules shared by every stage: pointers, sizes, heads, D, dtype,
 /// alignment and strides. Touches no GPU state, so it is safe to call anywhere.
 /// @return an error naming the first offending field and its value, e.g.
 ///         "Hq (12) is not a multiple of Hkv (5)".

@@ -48,7 +48,7 @@ double attention_flops(const ProblemShape& s) {
   const double per_pair = 4.0 * s.d;  // Q.K^T and P.V: 2 FLOPs per multiply-add each
   double pairs = static_cast<double>(s.sq) * s.sk;
   if (s.causal && s.sq == s.sk) {
-    pairs /= 2;  // SPEC.md's convention (FlashAttention's): half of the square
+    pairs /= 2;  // FlashAttention's convention: half of the square
   } else if (s.causal) {
     pairs = 0;
     for (int64_t i = 0; i < s.sq; ++i) pairs += static_cast<double>(visible_keys(s, i));

@@ -284,7 +284,7 @@ TEST_CASE("figures: FLOP and byte formulas") {
   CHECK(attention_flops(rect) == 4.0 * 64 * 27);
 }
 
-TEST_CASE("shape suite: SPEC names and sizes") {
+TEST_CASE("shape suite: names and sizes") {
   const auto& suite = shape_suite();
   CHECK(suite.size() == 1 + 2 * 6 * 2 + 2 * 3 + 9);
   std::set<std::string> names;
