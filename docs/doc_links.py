@@ -60,10 +60,10 @@ def page_html(page, main_page="README.md"):
     return "md_" + os.path.splitext(os.path.normpath(page))[0].replace(os.sep, "_") + ".html"
 
 
-def links(text):
-    """(line index, match) for every inline link outside fenced code blocks and code spans."""
+def prose_lines(lines):
+    """(index, line) for the lines outside fenced code blocks."""
     fence = None
-    for index, line in enumerate(text.split("\n")):
+    for index, line in enumerate(lines):
         opened = FENCE.match(line)
         if fence:
             if opened and opened.group(1) == fence:
@@ -72,6 +72,12 @@ def links(text):
         if opened:
             fence = opened.group(1)
             continue
+        yield index, line
+
+
+def links(text):
+    """(line index, match) for every inline link outside fenced code blocks and code spans."""
+    for index, line in prose_lines(text.split("\n")):
         spans = [m.span() for m in CODE_SPAN.finditer(line)]
         for m in LINK.finditer(line):
             if not any(a <= m.start() < b for a, b in spans):
@@ -125,12 +131,10 @@ def command_filter(args):
         line = lines[index]
         start, end = m.span(3)
         lines[index] = line[:start] + copied_href(resolved) + line[end:]
-    sections = sum(1 for line in lines if line.startswith("## "))
-    if sections >= TOC_MIN_SECTIONS:
-        for index, line in enumerate(lines):
-            if line.startswith("# "):
-                lines.insert(index + 1, "\n[TOC]\n")
-                break
+    headings = [(index, line) for index, line in prose_lines(lines) if line.startswith("#")]
+    sections = sum(1 for _, line in headings if line.startswith("## "))
+    if sections >= TOC_MIN_SECTIONS and headings and headings[0][1].startswith("# "):
+        lines.insert(headings[0][0] + 1, "\n[TOC]\n")  # under the page's title
     sys.stdout.write("\n".join(lines))
 
 
