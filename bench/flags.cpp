@@ -32,7 +32,9 @@ Status parse_stage_list(const std::string& flag, const std::string& list, std::v
 // UseManualTime()); the reports leave it out.
 constexpr const char* kBenchNameSuffix = "/iterations:1/manual_time";
 
-bool is_flag(const std::string& arg, const char* name) { return arg == name || arg.rfind(std::string(name) + "=", 0) == 0; }
+bool is_flag(const std::string& arg, const char* name) {
+  return arg == name || arg.rfind(std::string(name) + "=", 0) == 0;
+}
 
 // Google Benchmark's flags whose values it checks only while running (after the GPU is found),
 // or never (an unknown boolean value reads as true): checked here, named.
@@ -103,13 +105,14 @@ std::string runner_help(const std::string& program) {
 
 Status parse_runner_flags(const std::vector<std::string>& args, RunnerOptions* out) {
   RunnerOptions o;
+  using Action = RunnerOptions::Action;
   for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") o.action = RunnerOptions::Action::help;
-    else if (a == "--list" && o.action == RunnerOptions::Action::run) o.action = RunnerOptions::Action::list_stages;
-    else if (a == "--list-shapes" && o.action == RunnerOptions::Action::run) o.action = RunnerOptions::Action::list_shapes;
-    else if (a == "--shapes-json" && o.action == RunnerOptions::Action::run) o.action = RunnerOptions::Action::shapes_json;
+    if (a == "--help" || a == "-h") o.action = Action::help;  // --help wins, else the first of the others
+    else if (a == "--list" && o.action == Action::run) o.action = Action::list_stages;
+    else if (a == "--list-shapes" && o.action == Action::run) o.action = Action::list_shapes;
+    else if (a == "--shapes-json" && o.action == Action::run) o.action = Action::shapes_json;
   }
-  if (o.action != RunnerOptions::Action::run) {
+  if (o.action != Action::run) {
     *out = o;
     return Status::Ok();
   }
@@ -150,15 +153,20 @@ Status parse_bench_flags(std::vector<std::string>* args, BenchOptions* out) {
       o.help = true;
       kept.push_back("--help");
     } else if (is_flag(a, "--attn_stages")) {
-      if (eq == std::string::npos) return Status::Error("--attn_stages needs a value: --attn_stages=01_naive,02_kv_split");
+      if (eq == std::string::npos) {
+        return Status::Error("--attn_stages needs a value: --attn_stages=01_naive,02_kv_split");
+      }
       ATTN_TRY(parse_stage_list("--attn_stages", value, &o.stages));
     } else if (is_flag(a, "--attn_shapes")) {
-      if (eq == std::string::npos || value.empty()) return Status::Error("--attn_shapes needs a value: --attn_shapes=decode");
+      if (eq == std::string::npos || value.empty()) {
+        return Status::Error("--attn_shapes needs a value: --attn_shapes=decode");
+      }
       o.shapes = value;
       bool any = false;
       for (const NamedShape& s : shape_suite()) any = any || s.name.find(value) != std::string::npos;
       if (!any) {
-        return Status::Error("--attn_shapes (" + value + ") is in no shape's name (attn_runner --list-shapes prints them)");
+        return Status::Error("--attn_shapes (" + value +
+                             ") is in no shape's name (attn_runner --list-shapes prints them)");
       }
     } else if (a == "--attn_all_shapes") {
       o.all_shapes = true;

@@ -40,7 +40,9 @@ std::string shape_list() {
 
 namespace {
 
-bool starts_with_space(const std::string& text) { return !text.empty() && std::isspace(static_cast<unsigned char>(text[0])); }
+bool starts_with_space(const std::string& text) {
+  return !text.empty() && std::isspace(static_cast<unsigned char>(text[0]));
+}
 
 // A size: a whole decimal number >= 1 that fits in 64 bits.
 Status parse_size(const std::string& flag, const std::string& text, int64_t* out) {
