@@ -43,17 +43,22 @@ Status check_benchmark_flag(const std::string& a, BenchOptions* o) {
   const std::string name = a.substr(0, eq);
   const bool has_value = eq != std::string::npos;
   const std::string value = has_value ? a.substr(eq + 1) : "";
-  auto one_of = [&](std::initializer_list<const char*> allowed, const std::string& what) -> Status {
-    std::string lower = value;
-    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // Google Benchmark reads booleans in any case, names (formats, units) only as written.
+  auto one_of = [&](std::initializer_list<const char*> allowed, const std::string& what, bool any_case) -> Status {
+    std::string v = value;
+    if (any_case) {
+      for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
     for (const char* x : allowed) {
-      if (lower == x) return Status::Ok();
+      if (v == x) return Status::Ok();
     }
     return Status::Error(name + " (" + value + ") must be " + what);
   };
+  const std::initializer_list<const char*> truth = {"true", "1", "yes", "on", "t", "y"};
   auto boolean = [&]() -> Status {
     if (!has_value) return Status::Ok();
-    return one_of({"true", "false", "1", "0", "yes", "no", "on", "off", "t", "f", "y", "n"}, "true or false");
+    return one_of({"true", "false", "1", "0", "yes", "no", "on", "off", "t", "f", "y", "n"}, "true or false",
+                  true);
   };
   if (name == "--benchmark_out") {
     if (value.empty()) return Status::Error("--benchmark_out needs a file: --benchmark_out=results/mygpu/bench.json");
@@ -67,12 +72,12 @@ Status check_benchmark_flag(const std::string& a, BenchOptions* o) {
   } else if (name == "--benchmark_out_format" && value != "json") {
     return Status::Error("--benchmark_out_format (" + value + ") is not supported: the file is always JSON");
   } else if (name == "--benchmark_format") {
-    return one_of({"console", "json", "csv"}, "console, json or csv");
+    return one_of({"console", "json", "csv"}, "console, json or csv", false);
   } else if (name == "--benchmark_time_unit") {
-    return one_of({"ns", "us", "ms", "s"}, "ns, us, ms or s");
+    return one_of({"ns", "us", "ms", "s"}, "ns, us, ms or s", false);
   } else if (name == "--benchmark_color") {
     return one_of({"auto", "true", "false", "1", "0", "yes", "no", "on", "off", "t", "f", "y", "n"},
-                  "auto, true or false");
+                  "auto, true or false", true);
   } else if (name == "--benchmark_repetitions") {
     char* end = nullptr;
     const long n = std::strtol(value.c_str(), &end, 10);
@@ -83,7 +88,7 @@ Status check_benchmark_flag(const std::string& a, BenchOptions* o) {
     o->filter = value;
   } else if (name == "--benchmark_list_tests") {
     ATTN_TRY(boolean());
-    o->list_only = !has_value || one_of({"true", "1", "yes", "on", "t", "y"}, "").ok();
+    o->list_only = !has_value || one_of(truth, "", true).ok();
   } else if (name == "--benchmark_enable_random_interleaving" || name == "--benchmark_report_aggregates_only" ||
              name == "--benchmark_display_aggregates_only" || name == "--benchmark_counters_tabular") {
     return boolean();
