@@ -1,11 +1,9 @@
 // Google Benchmark program: every registered stage x the shape suite, timed by the harness
 // (CUDA events around back-to-back launches, a CUDA graph for latency-bound shapes, median of
-// samples), named <stage>/<shape> with counters TFLOPs and GBps as SPEC.md says.
+// samples), named <stage>/<shape> with counters TFLOPs and GBps.
 //
-//   build/bench/attn_bench --benchmark_out=results/h200/bench.json
-//   flags: --attn_stages=01_naive,02_kv_split   only these stages
-//          --attn_shapes=prefill_d128            only shapes whose name contains this
-//          --attn_all_shapes                     also the prefill shapes a stage's bench_max_seq skips
+//   build/bench/attn_bench --benchmark_out=results/mygpu/bench.json
+//   build/bench/attn_bench --help                 the project's flags (--attn_*), then Google Benchmark's
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -18,7 +16,10 @@
 #include <vector>
 
 #include "buffer.h"
+#include "build_info.h"
+#include "cli.h"
 #include "device.h"
+#include "flags.h"
 #include "problem.h"
 #include "registry.h"
 #include "shapes.h"
@@ -28,7 +29,7 @@ using namespace attn;
 
 namespace {
 
-// Google Benchmark appends "/iterations:1/manual_time" to names; SPEC.md's names are
+// Google Benchmark appends "/iterations:1/manual_time" to names; the results' names are
 // <stage>/<shape>, so both reporters see the runs with those parts removed.
 template <typename Base>
 class SpecNames : public Base {
@@ -47,10 +48,9 @@ class SpecNames : public Base {
 void bench_stage_shape(benchmark::State& state, const StageInfo* stage, const NamedShape* shape) {
   const DeviceInfo* device = nullptr;
   if (Status s = current_device(&device); !s.ok()) return state.SkipWithError(s.message().c_str());
-  if (stage->min_sm > device->sm) {  // shown as skipped in the report, with the reason
-    const std::string why = "skipped: " + std::string(stage->name) + " requires sm_" + std::to_string(stage->min_sm) +
-                            ", this GPU is sm_" + std::to_string(device->sm);
-    return state.SkipWithError(why.c_str());
+  // A stage newer than the GPU is reported as skipped, with its requirement, and gets no figure.
+  if (Status s = check_compute_capability(stage->name, stage->min_sm, device->sm); !s.ok()) {
+    return state.SkipWithError(("skipped: " + s.message()).c_str());
   }
   const ProblemShape& ps = shape->shape;
   Problem problem;
@@ -104,90 +104,56 @@ void bench_stage_shape(benchmark::State& state, const StageInfo* stage, const Na
   state.counters["graph"] = shape->graph ? 1 : 0;
 }
 
-// Takes --attn_* flags out of argv (Google Benchmark refuses flags it does not know).
-struct AttnFlags {
-  std::vector<std::string> stages;
-  std::string shapes;
-  bool all_shapes = false;
-  bool out_file = false;  // --benchmark_out=FILE given (left in argv for Google Benchmark)
-};
-
-AttnFlags take_attn_flags(int* argc, char** argv) {
-  AttnFlags f;
-  int kept = 1;
-  for (int n = 1; n < *argc; ++n) {
-    const std::string a = argv[n];
-    if (a.rfind("--attn_stages=", 0) == 0) {
-      std::stringstream list(a.substr(std::strlen("--attn_stages=")));
-      for (std::string s; std::getline(list, s, ',');) f.stages.push_back(s);
-    } else if (a.rfind("--attn_shapes=", 0) == 0) {
-      f.shapes = a.substr(std::strlen("--attn_shapes="));
-    } else if (a == "--attn_all_shapes") {
-      f.all_shapes = true;
-    } else {
-      f.out_file = f.out_file || a.rfind("--benchmark_out=", 0) == 0;
-      argv[kept++] = argv[n];
-    }
-  }
-  *argc = kept;
-  return f;
-}
-
-std::string commit_id() {
-  const char* env = std::getenv("ATTN_COMMIT");
-  return env && *env ? env : "unknown";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const AttnFlags flags = take_attn_flags(&argc, argv);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  // The project's flags and the values Google Benchmark checks late are checked first, before
+  // the GPU is looked for.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  BenchOptions options;
+  if (Status st = parse_bench_flags(&args, &options); !st.ok()) {
+    std::cerr << "error: " << st.message() << "\n";
+    return 2;
+  }
+  if (options.help) std::cout << bench_help(argv[0]) << std::flush;  // Google Benchmark's follow
+  std::vector<char*> kept = {argv[0]};
+  for (std::string& a : args) kept.push_back(a.data());
+  int kept_count = static_cast<int>(kept.size());
+  benchmark::Initialize(&kept_count, kept.data());
+  if (benchmark::ReportUnrecognizedArguments(kept_count, kept.data())) return 2;
 
-  for (const std::string& name : flags.stages) {
-    const StageInfo* s = nullptr;
-    if (Status st = find_stage(name, &s); !st.ok()) {
+  for (const BenchCase& c : bench_cases(options)) {
+    benchmark::RegisterBenchmark(c.name.c_str(), bench_stage_shape, c.stage, c.shape)
+        ->UseManualTime()
+        ->Iterations(1)
+        ->Unit(benchmark::kMicrosecond);
+  }
+
+  if (!options.list_only) {
+    const DeviceInfo* device = nullptr;
+    if (Status st = require_device(&device); !st.ok()) {
       std::cerr << "error: " << st.message() << "\n";
       return 1;
     }
-  }
-
-  const DeviceInfo* device = nullptr;
-  if (Status st = current_device(&device); !st.ok()) {
-    std::cerr << "attn_bench: " << st.message() << "\n";
-    return 1;
-  }
-  benchmark::AddCustomContext("gpu", device->name);
-  benchmark::AddCustomContext("sm", std::to_string(device->sm));
-  benchmark::AddCustomContext("sm_count", std::to_string(device->sm_count));
-  benchmark::AddCustomContext("l2_bytes", std::to_string(device->l2_bytes));
-  benchmark::AddCustomContext("driver", driver_version_string());
-  benchmark::AddCustomContext("cuda", cuda_version_string(device->runtime_version));
-  benchmark::AddCustomContext("commit", commit_id());
-
-  for (const StageInfo& stage : registered_stages()) {
-    if (!flags.stages.empty() && std::find(flags.stages.begin(), flags.stages.end(), stage.name) == flags.stages.end())
-      continue;
-    benchmark::AddCustomContext(std::string("stage.") + stage.name, stage.description);
-    for (const NamedShape& shape : shape_suite()) {
-      if (!flags.shapes.empty() && shape.name.find(flags.shapes) == std::string::npos) continue;
-      const bool too_long = stage.bench_max_seq > 0 && shape.kind == ShapeKind::prefill &&
-                            shape.shape.sq > stage.bench_max_seq;
-      if (too_long && !flags.all_shapes) continue;
-      benchmark::RegisterBenchmark((std::string(stage.name) + "/" + shape.name).c_str(), bench_stage_shape, &stage,
-                                   &shape)
-          ->UseManualTime()
-          ->Iterations(1)
-          ->Unit(benchmark::kMicrosecond);
+    benchmark::AddCustomContext("gpu", device->name);
+    benchmark::AddCustomContext("sm", std::to_string(device->sm));
+    benchmark::AddCustomContext("sm_count", std::to_string(device->sm_count));
+    benchmark::AddCustomContext("l2_bytes", std::to_string(device->l2_bytes));
+    benchmark::AddCustomContext("driver", driver_version_string());
+    benchmark::AddCustomContext("cuda", cuda_version_string(device->runtime_version));
+    benchmark::AddCustomContext("commit", results_commit());
+    for (const StageInfo& stage : registered_stages()) {
+      bool chosen = options.stages.empty();
+      for (const StageInfo* s : options.stages) chosen = chosen || s == &stage;
+      if (chosen) benchmark::AddCustomContext(std::string("stage.") + stage.name, stage.description);
     }
   }
 
-  // The file reporter is always JSON (SPEC.md's result format), and only given when
+  // The file reporter is always JSON (the results' format), and only given when
   // --benchmark_out= names a file: Google Benchmark refuses a file reporter without one.
   SpecNames<benchmark::ConsoleReporter> display;
   SpecNames<benchmark::JSONReporter> file;
-  benchmark::RunSpecifiedBenchmarks(&display, flags.out_file ? &file : nullptr);
+  benchmark::RunSpecifiedBenchmarks(&display, options.out_file ? &file : nullptr);
   benchmark::Shutdown();
   return 0;
 }

@@ -6,85 +6,57 @@
 //   build/bench/attn_runner --shape seed          any shape of the suite, or --b/--sq/... sizes
 //   build/bench/attn_runner --stages 01_naive     a subset of the stages
 //   build/bench/attn_runner --shapes-json         the suite as JSON (read by tools/peers.py)
+//   build/bench/attn_runner --help                every flag
 #include <cstdio>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "build_info.h"
 #include "cli.h"
+#include "flags.h"
 #include "registry.h"
 
 using namespace attn;
 
-namespace {
-
-constexpr const char* kDefaultShape = "prefill_d128_s4096";
-
-void usage(const char* argv0) {
-  std::cout << "usage: " << argv0 << " [flags]\n"
-            << "Runs every registered stage on one shape (default " << kDefaultShape
-            << ") and prints the progression.\n"
-            << problem_flags_help()
-            << "  --stages A,B        only these stages (default: all registered)\n"
-            << "  --list              list the registered stages\n"
-            << "  --shapes-json       print the shape suite as JSON (for tools/peers.py)\n";
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
-  std::vector<std::string> args = {"--shape", kDefaultShape}, rest;
-  args.insert(args.end(), argv + 1, argv + argc);
-  std::vector<const StageInfo*> stages;
-  for (const StageInfo& s : registered_stages()) stages.push_back(&s);
-
-  for (size_t n = 2; n < args.size(); ++n) {
-    if (args[n] == "--help" || args[n] == "-h") {
-      usage(argv[0]);
-      return 0;
-    }
-    if (args[n] == "--list") {
+  // Every flag and the shape are checked before the GPU is looked for.
+  RunnerOptions options;
+  if (Status st = parse_runner_flags(std::vector<std::string>(argv + 1, argv + argc), &options); !st.ok()) {
+    std::cerr << "error: " << st.message() << "\n";
+    return 2;
+  }
+  switch (options.action) {
+    case RunnerOptions::Action::help: std::cout << runner_help(argv[0]); return 0;
+    case RunnerOptions::Action::list_stages:
       for (const StageInfo& s : registered_stages())
         std::cout << s.name << "  (sm_" << s.min_sm << "+)  " << s.description << "\n";
       return 0;
-    }
-    if (args[n] == "--shapes-json") {
+    case RunnerOptions::Action::list_shapes: std::cout << shape_list(); return 0;
+    case RunnerOptions::Action::shapes_json: {
+      // The input sets depend on the GPU's L2: without a GPU the JSON says l2_bytes 0.
       const DeviceInfo* device = nullptr;
       const size_t l2 = current_device(&device).ok() ? device->l2_bytes : 0;
       std::cout << shapes_json(shape_suite(), l2);
       return 0;
     }
+    case RunnerOptions::Action::run: break;
   }
 
-  CliOptions options;
-  Status st = parse_problem_flags(args, &options, &rest);
-  for (size_t n = 0; st.ok() && n < rest.size(); ++n) {
-    if (rest[n] == "--stages" && n + 1 < rest.size()) {
-      stages.clear();
-      std::stringstream list(rest[++n]);
-      for (std::string name; st.ok() && std::getline(list, name, ',');) {
-        const StageInfo* s = nullptr;
-        st = find_stage(name, &s);
-        stages.push_back(s);
-      }
-    } else {
-      st = Status::Error("unknown flag " + rest[n] + " (see --help)");
-    }
-  }
   const DeviceInfo* device = nullptr;
-  if (st.ok()) st = current_device(&device);
-  if (!st.ok()) {
+  if (Status st = require_device(&device); !st.ok()) {
     std::cerr << "error: " << st.message() << "\n";
-    return 2;
+    return 1;
   }
-
+  const CliOptions& problem = options.problem;
   std::cout << "GPU    " << describe(*device) << "\n"
-            << "shape  " << options.shape_name << ": " << describe(options.shape) << "\n"
-            << "       " << attention_flops(options.shape) * 1e-9 << " GFLOP, " << attention_bytes(options.shape) * 1e-6
+            << "build  commit " << build_commit() << "\n"
+            << "shape  " << problem.shape_name << ": " << describe(problem.shape) << "\n"
+            << "       " << attention_flops(problem.shape) * 1e-9 << " GFLOP, " << attention_bytes(problem.shape) * 1e-6
             << " MB\n";
   PreparedProblem prepared;
-  if (Status s = prepare_problem(options, &prepared); !s.ok()) {
+  if (Status s = prepare_problem(problem, &prepared); !s.ok()) {
     std::cerr << "error: " << s.message() << "\n";
     return 1;
   }
@@ -95,13 +67,14 @@ int main(int argc, char** argv) {
               "error vs fp64", "launch");
   double first_us = 0, prev_us = 0;
   bool all_pass = true;
-  for (const StageInfo* stage : stages) {
-    if (stage->min_sm > device->sm) {
-      std::printf("%-22s SKIPPED: requires sm_%d, this GPU is sm_%d\n", stage->name, stage->min_sm, device->sm);
+  for (const StageInfo* stage : options.stages) {
+    // A stage newer than the GPU is skipped, visibly, and does not fail the run.
+    if (Status s = check_compute_capability(stage->name, stage->min_sm, device->sm); !s.ok()) {
+      std::printf("%-22s SKIPPED: %s\n", stage->name, s.message().c_str());
       continue;
     }
     StageMeasurement m;
-    if (Status s = measure_stage(*stage, prepared, options, stream, &m); !s.ok()) {
+    if (Status s = measure_stage(*stage, prepared, problem, stream, &m); !s.ok()) {
       std::printf("%-22s %s\n", stage->name, s.message().c_str());
       all_pass = false;
       continue;
@@ -118,6 +91,6 @@ int main(int argc, char** argv) {
   }
   cudaStreamDestroy(stream);
   std::printf("\nmedian GPU time per launch (CUDA events%s); error: relative L2 vs the fp64 reference on %zu rows\n",
-              options.graph ? ", CUDA graph" : "", prepared.reference.rows.size());
+              problem.graph ? ", CUDA graph" : "", prepared.reference.rows.size());
   return all_pass ? 0 : 1;
 }

@@ -20,6 +20,7 @@ function(attn_add_stage name)
   target_link_libraries(attn_stage_${name}_main PRIVATE ${lib} attn_cli)
 
   set_property(GLOBAL APPEND PROPERTY ATTN_STAGE_LIBRARIES ${lib})
+  set_property(GLOBAL APPEND PROPERTY ATTN_STAGE_PROGRAMS attn_stage_${name}_main)
 endfunction()
 
 # Compile options every CUDA target shares.

@@ -29,12 +29,27 @@ struct CliOptions {
   uint64_t seed = 1;                ///< input seed (--seed)
 };
 
-/// The flags every program accepts, for --help.
-std::string problem_flags_help();
+/// The flags parse_problem_flags() reads, for --help; @p default_shape is the program's.
+std::string problem_flags_help(const std::string& default_shape);
 
-/// Parse --shape NAME | --b --hq --hkv --sq --sk --d --dtype --causal --layout --scale, and
-/// --graph / --no-graph, --no-check, --seed. Flags it does not know are left in @p rest.
-Status parse_problem_flags(const std::vector<std::string>& args, CliOptions* out, std::vector<std::string>* rest);
+/// The shape suite, one "name  sizes" line per shape (--list-shapes).
+std::string shape_list();
+
+/// Parse --shape NAME, the size flags --b --hq --hkv --sq --sk --d --dtype --causal --layout
+/// --scale, and --graph / --no-graph, --no-check, --seed. The shape is --shape's (else
+/// @p default_shape), with the size flags applied over it wherever they stand. Every value is
+/// checked here, and then the whole shape (validate_shape()), so that nothing reaches a GPU
+/// unchecked; an error names the flag or field and its value. Arguments it does not know (other
+/// programs' flags and their values) are left in @p rest, in order.
+Status parse_problem_flags(const std::vector<std::string>& args, CliOptions* out, std::vector<std::string>* rest,
+                           const std::string& default_shape = "seed");
+
+/// The error for an argument no parser took: "unknown flag --x (see --help)" for a flag,
+/// "unexpected argument 'x' (see --help)" for anything else.
+Status unknown_argument(const std::string& arg);
+
+/// The current GPU; without one, an error that says what needs a GPU and what does not.
+Status require_device(const DeviceInfo** out);
 
 /// Inputs on the device (rotating sets sized for the L2) and, when @p check, the reference.
 struct PreparedProblem {
@@ -54,7 +69,7 @@ struct StageMeasurement {
   double gbps = 0;      ///< attention_bytes / time
   bool checked = false; ///< whether err holds a comparison
   ErrorStats err;       ///< vs the fp64 reference
-  bool pass = true;     ///< err within SPEC.md's bounds (true when unchecked)
+  bool pass = true;     ///< err within the contract's bounds (true when unchecked)
 };
 
 /// Run @p stage on @p prepared once with poisoned outputs, check it, then time it.

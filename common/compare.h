@@ -23,12 +23,12 @@ struct ErrorStats {
   int64_t lse_nan = 0;        ///< NaN elements of LSE (unwritten ones included)
 };
 
-/// SPEC.md's relative-L2 bound: 2e-3 for fp16, 1e-2 for bf16.
+/// The contract's relative-L2 bound: 2e-3 for fp16, 1e-2 for bf16.
 double rel_tolerance(DType dtype);
-/// SPEC.md's bound on |LSE - LSE_ref|.
+/// The contract's bound on |LSE - LSE_ref|.
 constexpr double kLseTolerance = 1e-3;
 
-/// True when @p e meets SPEC.md's accuracy contract for @p dtype.
+/// True when @p e meets the accuracy contract for @p dtype.
 bool passes(const ErrorStats& e, DType dtype);
 /// "rel 1.2e-03 max 3.1e-03 lse 2.0e-06" plus any NaN / unwritten counts.
 std::string describe(const ErrorStats& e);

@@ -65,6 +65,16 @@ Status query(int id, DeviceInfo* info) {
   return Status::Ok();
 }
 
+// Why cudaGetDeviceCount() found nothing, in the words a user can act on.
+std::string no_device_reason() {
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) return "no NVIDIA driver is loaded";
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  (void)cudaGetLastError();
+  return err == cudaSuccess ? "the driver lists no GPU" : cudaGetErrorString(err);
+}
+
 }  // namespace
 
 int cuda_device_count() {
@@ -81,7 +91,7 @@ Status current_device(const DeviceInfo** out) {
   static std::array<std::unique_ptr<DeviceInfo>, kMaxDevices> cache;
   static std::mutex mutex;
   int id = 0;
-  if (cuda_device_count() == 0) return Status::Error("no CUDA device is available");
+  if (cuda_device_count() == 0) return Status::Error("no CUDA device is available (" + no_device_reason() + ")");
   ATTN_TRY(cuda_status(cudaGetDevice(&id), "cudaGetDevice"));
   if (id < 0 || id >= kMaxDevices) return Status::Error("device ordinal (" + std::to_string(id) + ") out of range");
   std::lock_guard<std::mutex> lock(mutex);

@@ -1,4 +1,4 @@
-// Validation of AttnParams against SPEC.md. Host-only: nothing here touches the GPU except
+// Validation of AttnParams against the contract (README). Host-only: nothing here touches the GPU except
 // validate_launch(), which reads the current device's compute capability after every other check.
 #include "params.h"
 
@@ -58,12 +58,7 @@ Status check_stride(const char* field, int64_t stride) {
 
 }  // namespace
 
-Status validate_params(const AttnParams& p) {
-  if (p.q == nullptr) return null_pointer("q");
-  if (p.k == nullptr) return null_pointer("k");
-  if (p.v == nullptr) return null_pointer("v");
-  if (p.o == nullptr) return null_pointer("o");
-
+Status validate_sizes(const AttnParams& p) {
   ATTN_TRY(check_size("B", p.b));
   ATTN_TRY(check_size("Hq", p.hq));
   ATTN_TRY(check_size("Hkv", p.hkv));
@@ -86,6 +81,15 @@ Status validate_params(const AttnParams& p) {
     msg << "scale (" << p.scale << ") is not finite";
     return Status::Error(msg.str());
   }
+  return Status::Ok();
+}
+
+Status validate_params(const AttnParams& p) {
+  if (p.q == nullptr) return null_pointer("q");
+  if (p.k == nullptr) return null_pointer("k");
+  if (p.v == nullptr) return null_pointer("v");
+  if (p.o == nullptr) return null_pointer("o");
+  ATTN_TRY(validate_sizes(p));
 
   ATTN_TRY(check_alignment("q", p.q));
   ATTN_TRY(check_alignment("k", p.k));

@@ -1,5 +1,5 @@
 /// @file params.h
-/// @brief The attention problem every stage computes (see SPEC.md) and its validation.
+/// @brief The attention problem every stage computes (README, "The contract") and its validation.
 #pragma once
 
 #include <cstddef>
@@ -74,11 +74,15 @@ struct Workspace {
   size_t bytes = 0;     ///< size of the allocation
 };
 
-/// Check @p p against SPEC.md's rules shared by every stage: pointers, sizes, heads, D, dtype,
+/// Check @p p against the contract's rules shared by every stage: pointers, sizes, heads, D, dtype,
 /// alignment and strides. Touches no GPU state, so it is safe to call anywhere.
 /// @return an error naming the first offending field and its value, e.g.
 ///         "Hq (12) is not a multiple of Hkv (5)".
 Status validate_params(const AttnParams& p);
+
+/// The checks of validate_params() that need no pointer or stride: sizes, heads, D, dtype and
+/// scale. The command-line programs run them on a shape before they look for a GPU.
+Status validate_sizes(const AttnParams& p);
 
 /// Check that a stage needing compute capability @p min_sm (e.g. 90) may run on a device of
 /// compute capability @p device_sm; the message names the stage's requirement and the device's.

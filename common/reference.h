@@ -26,7 +26,7 @@ std::vector<int64_t> all_rows(const ProblemShape& s);
 std::vector<int64_t> rows_to_check(const ProblemShape& s, double max_work = 4.0e9, size_t max_rows = 2048,
                                    uint64_t seed = 1);
 
-/// SPEC.md's attention in fp64 for the given rows: S = scale*Q*K^T with the bottom-right causal
+/// The contract's attention in fp64 for the given rows: S = scale*Q*K^T with the bottom-right causal
 /// mask, P = softmax(S) with the row maximum subtracted, O = P*V, LSE = log(sum exp(S)).
 /// A row with no visible key gets O = 0 and LSE = -inf. Runs on all hardware threads.
 ReferenceOutput reference_attention(const HostInputs& in, const std::vector<int64_t>& rows);

@@ -14,6 +14,31 @@ std::string describe(const ProblemShape& s) {
   return out.str();
 }
 
+Status validate_shape(const ProblemShape& s) {
+  AttnParams p;
+  p.b = s.b, p.hq = s.hq, p.hkv = s.hkv, p.sq = s.sq, p.sk = s.sk, p.d = s.d;
+  p.dtype = s.dtype, p.scale = s.scale;
+  ATTN_TRY(validate_sizes(p));
+  if (s.layout != Layout::BSHD && s.layout != Layout::BHSD) {
+    return Status::Error("layout (" + std::to_string(static_cast<int>(s.layout)) +
+                         ") is not supported: BSHD (0) and BHSD (1) are");
+  }
+  if (s.seq_pad < 0 || s.seq_pad % 8 != 0) {
+    return Status::Error("seq_pad (" + std::to_string(s.seq_pad) + ") is not a non-negative multiple of 8 elements");
+  }
+  // Far beyond any GPU's memory, and small enough that no element offset overflows 64 bits.
+  const double max_bytes = std::ldexp(1.0, 50);
+  ProblemShape padded = s;  // an upper bound: every head's row padded
+  padded.d = s.d + s.seq_pad;
+  const double bytes = attention_bytes(padded);
+  if (bytes > max_bytes) {
+    std::ostringstream msg;
+    msg << "the sizes (" << describe(s) << ") need " << bytes << " bytes for Q, K, V and O, more than 2^50";
+    return Status::Error(msg.str());
+  }
+  return Status::Ok();
+}
+
 int64_t visible_keys(const ProblemShape& s, int64_t i) {
   if (!s.causal) return s.sk;
   return std::clamp<int64_t>(i + s.sk - s.sq + 1, 0, s.sk);
@@ -23,7 +48,7 @@ double attention_flops(const ProblemShape& s) {
   const double per_pair = 4.0 * s.d;  // Q.K^T and P.V: 2 FLOPs per multiply-add each
   double pairs = static_cast<double>(s.sq) * s.sk;
   if (s.causal && s.sq == s.sk) {
-    pairs /= 2;  // SPEC.md's convention (FlashAttention's): half of the square
+    pairs /= 2;  // FlashAttention's convention: half of the square
   } else if (s.causal) {
     pairs = 0;
     for (int64_t i = 0; i < s.sq; ++i) pairs += static_cast<double>(visible_keys(s, i));

@@ -1,5 +1,5 @@
 /// @file shapes.h
-/// @brief Problem shapes, the FLOP and byte formulas, and the named shape suite of SPEC.md.
+/// @brief Problem shapes, the FLOP and byte formulas, and the named shape suite (README, "The contract").
 ///
 /// This is the one list of shapes: the tests, the benchmarks, the runner and (through
 /// `attn_runner --list-shapes`) the peers' script all read it from here.
@@ -33,15 +33,21 @@ struct ProblemShape {
 /// "B1 Hq1 Hkv1 Sq128 Sk128 D64 fp16 BSHD" plus " causal" when causal.
 std::string describe(const ProblemShape& s);
 
+/// Check a shape before anything is allocated for it: validate_sizes()'s rules (sizes >= 1,
+/// Hq a multiple of Hkv, D 64 or 128, dtype, finite scale), the layout, a padding that keeps
+/// rows 16-byte aligned, and a total size that fits in 64-bit offsets.
+/// @return an error naming the first offending field and its value.
+Status validate_shape(const ProblemShape& s);
+
 /// Number of keys query row @p i sees (0 for an empty row): all Sk, or with the bottom-right
 /// causal mask min(Sk, max(0, i + Sk - Sq + 1)).
 int64_t visible_keys(const ProblemShape& s, int64_t i);
 
-/// SPEC.md's FLOP count: 4*B*Hq*Sq*Sk*D, halved for causal with Sq == Sk. For causal with
+/// The FLOP count of the results: 4*B*Hq*Sq*Sk*D, halved for causal with Sq == Sk. For causal with
 /// Sq != Sk (not in the suite) the exact count of visible (row, key) pairs replaces Sq*Sk.
 double attention_flops(const ProblemShape& s);
 
-/// SPEC.md's byte count: Q, K, V read once plus O written once (LSE not counted).
+/// The byte count of the results: Q, K, V read once plus O written once (LSE not counted).
 double attention_bytes(const ProblemShape& s);
 
 /// Which part of the suite a shape belongs to.
@@ -50,7 +56,7 @@ enum class ShapeKind { seed, prefill, decode, sweep };
 /// "seed", "prefill", "decode" or "sweep".
 std::string to_string(ShapeKind kind);
 
-/// A shape of the suite with its SPEC.md name.
+/// A shape of the suite with its name.
 struct NamedShape {
   std::string name;     ///< e.g. "prefill_d128_s4096_causal"
   ShapeKind kind;       ///< seed, prefill, decode or sweep

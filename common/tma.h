@@ -18,7 +18,7 @@ namespace attn {
 /// swizzle needs). Shared memory receives the box in the 128-byte swizzled layout; elements
 /// outside the tensor arrive as zeros. cuTensorMapEncodeTiled is reached through
 /// cudaGetDriverEntryPointByVersion, so nothing links libcuda.
-/// @param what names the tensor in error messages (e.g. "q").
+/// @p what names the tensor in error messages (e.g. "q").
 Status encode_tensor_map(CUtensorMap* out, const void* base, DType dtype, int rank, const uint64_t* dims,
                          const uint64_t* strides_bytes, const uint32_t* box, const char* what);
 

@@ -1,18 +1,27 @@
 // Tests that need no GPU: the fp64 reference against closed forms, validation of bad input,
-// the FLOP and byte formulas, the shape suite, the comparison metrics and the registry.
+// the FLOP and byte formulas, the shape suite, the comparison metrics, the registry, and the
+// command lines of the programs (run here with bad flags, which they refuse before any GPU work).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+
 #include <cmath>
+#include <cstdio>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli.h"
 #include "compare.h"
+#include "flags.h"
 #include "params.h"
 #include "reference.h"
 #include "registry.h"
+#include "programs.h"
 #include "shapes.h"
 
 using namespace attn;
@@ -275,7 +284,7 @@ TEST_CASE("figures: FLOP and byte formulas") {
   CHECK(attention_flops(rect) == 4.0 * 64 * 27);
 }
 
-TEST_CASE("shape suite: SPEC names and sizes") {
+TEST_CASE("shape suite: names and sizes") {
   const auto& suite = shape_suite();
   CHECK(suite.size() == 1 + 2 * 6 * 2 + 2 * 3 + 9);
   std::set<std::string> names;
@@ -402,5 +411,304 @@ TEST_CASE("command line: shapes by name or by size, errors named") {
   CHECK(rest == std::vector<std::string>{"--extra"});
   CHECK(parse_problem_flags({"--dtype", "fp8"}, &o, &rest).message() == "--dtype (fp8) must be fp16 or bf16");
   CHECK(parse_problem_flags({"--sq", "x"}, &o, &rest).message() == "--sq (x) is not an integer");
-  CHECK(parse_problem_flags({"--shape", "nope"}, &o, &rest).message().find("shape 'nope'") == 0);
+  CHECK(parse_problem_flags({"--shape", "nope"}, &o, &rest).message().find("--shape (nope)") == 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command lines: every bad value is refused, named, before any GPU work.
+
+namespace {
+
+std::string parse_error(const std::vector<std::string>& args, const std::string& default_shape = "seed") {
+  CliOptions o;
+  std::vector<std::string> rest;
+  Status s = parse_problem_flags(args, &o, &rest, default_shape);
+  if (s.ok() && !rest.empty()) s = unknown_argument(rest.front());
+  return s.ok() ? "ok" : s.message();
+}
+
+// A bad command line and the one line its program must print: "error: <message>".
+struct BadArgs {
+  std::vector<std::string> args;
+  std::string message;
+};
+
+// Bad values of the flags every stage program and the runner share.
+const std::vector<BadArgs>& bad_problem_args() {
+  static const std::vector<BadArgs> cases = {
+      {{"--sq", "0"}, "--sq (0) must be an integer >= 1"},
+      {{"--sq", "-1"}, "--sq (-1) must be an integer >= 1"},
+      {{"--b", "0"}, "--b (0) must be an integer >= 1"},
+      {{"--b", "x"}, "--b (x) is not an integer"},
+      {{"--hq", "2.5"}, "--hq (2.5) is not an integer"},
+      {{"--hkv", ""}, "--hkv () is not an integer"},
+      {{"--sk", " 7"}, "--sk ( 7) is not an integer"},
+      {{"--sk", "99999999999999999999"}, "--sk (99999999999999999999) is too large"},
+      {{"--d", "96"}, "--d (96) must be 64 or 128"},
+      {{"--d", "0"}, "--d (0) must be an integer >= 1"},
+      {{"--hq", "5", "--hkv", "2"}, "Hq (5) is not a multiple of Hkv (2)"},
+      {{"--hkv", "3", "--hq", "4"}, "Hq (4) is not a multiple of Hkv (3)"},
+      {{"--dtype", "fp8"}, "--dtype (fp8) must be fp16 or bf16"},
+      {{"--layout", "bshd"}, "--layout (bshd) must be BSHD or BHSD"},
+      {{"--scale", "abc"}, "--scale (abc) is not a number"},
+      {{"--scale", "0.5x"}, "--scale (0.5x) is not a number"},
+      {{"--scale", "nan"}, "--scale (nan) is not a finite fp32 number"},
+      {{"--scale", "1e39"}, "--scale (1e39) is not a finite fp32 number"},
+      {{"--seed", "-1"}, "--seed (-1) must be an integer from 0 to 2^64 - 1"},
+      {{"--seed", "1x"}, "--seed (1x) is not an integer"},
+      {{"--shape", "nope"}, "--shape (nope) is not a shape of the suite (--list-shapes prints them)"},
+      {{"--sq"}, "--sq needs a value"},
+      {{"--shape", "--causal"}, "--shape needs a value"},
+      {{"--b", "1000000", "--hq", "1", "--hkv", "1", "--sq", "100000000", "--sk", "100000000", "--d", "64", "--dtype",
+        "fp16"},
+       "the sizes (B1000000 Hq1 Hkv1 Sq100000000 Sk100000000 D64 fp16 BSHD) need 5.12e+16 bytes for Q, K, V "
+       "and O, more than 2^50"},
+      {{"--bogus"}, "unknown flag --bogus (see --help)"},
+      {{"extra"}, "unexpected argument 'extra' (see --help)"},
+  };
+  return cases;
+}
+
+struct Ran {
+  int code = -1;       // exit status, -1 when the program did not exit normally
+  std::string output;  // stdout and stderr together
+};
+
+// Run @p program with @p args through the shell, quoting each argument.
+Ran run_program(const std::string& program, const std::vector<std::string>& args) {
+  auto quote = [](const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  std::string command = quote(program);
+  for (const std::string& a : args) command += " " + quote(a);
+  command += " 2>&1";
+  Ran r;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) r.output.append(buf, n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string join(const std::vector<std::string>& args) {
+  std::string s;
+  for (const std::string& a : args) s += (s.empty() ? "" : " ") + ("'" + a + "'");
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("command line: every bad value named, with the flag or field") {
+  for (const BadArgs& c : bad_problem_args()) {
+    CAPTURE(join(c.args));
+    CHECK(parse_error(c.args) == c.message);
+  }
+}
+
+TEST_CASE("command line: a shape is checked whole, with its fields named") {
+  ProblemShape s;
+  s.d = 64;
+  CHECK(validate_shape(s).ok());
+  s.seq_pad = 4;
+  CHECK(validate_shape(s).message() == "seq_pad (4) is not a non-negative multiple of 8 elements");
+  s.seq_pad = 0, s.layout = static_cast<Layout>(3);
+  CHECK(validate_shape(s).message() == "layout (3) is not supported: BSHD (0) and BHSD (1) are");
+  s.layout = Layout::BSHD, s.sk = 0;
+  CHECK(validate_shape(s).message() == "Sk (0) must be >= 1");
+  s.sk = 1, s.d = 96;
+  CHECK(validate_shape(s).message() == "D (96) is not supported: every stage supports 64 and 128");
+}
+
+TEST_CASE("command line: sizes apply over the chosen shape wherever they stand") {
+  CliOptions a, b;
+  std::vector<std::string> rest;
+  REQUIRE(parse_problem_flags({"--sq", "100", "--shape", "decode_b8_sk32768"}, &a, &rest).ok());
+  REQUIRE(parse_problem_flags({"--shape", "decode_b8_sk32768", "--sq", "100"}, &b, &rest).ok());
+  CHECK(a.shape.sq == 100);
+  CHECK(a.shape.b == 8);
+  CHECK(a.shape.hq == 32);
+  CHECK(b.shape.sq == 100);
+  CHECK(a.shape_name == "custom");
+  REQUIRE(parse_problem_flags({"--sq", "100"}, &a, &rest, "prefill_d128_s4096").ok());
+  CHECK(a.shape.d == 128);  // from the default shape, not the seed
+  CHECK(a.shape.hq == 16);
+  REQUIRE(parse_problem_flags({}, &a, &rest, "prefill_d128_s4096").ok());
+  CHECK(a.shape_name == "prefill_d128_s4096");
+  REQUIRE(parse_problem_flags({"--scale", "-0.25", "--seed", "18446744073709551615"}, &a, &rest).ok());
+  CHECK(a.shape.scale == -0.25f);
+  CHECK(a.seed == 18446744073709551615ull);
+}
+
+TEST_CASE("runner flags: default shape, --stages, info flags") {
+  RunnerOptions o;
+  REQUIRE(parse_runner_flags({}, &o).ok());
+  CHECK(o.action == RunnerOptions::Action::run);
+  CHECK(o.problem.shape_name == "prefill_d128_s4096");
+  CHECK(o.stages.size() == registered_stages().size());
+  REQUIRE(parse_runner_flags({"--stages", "02_kv_split,01_naive", "--shape", "seed"}, &o).ok());
+  REQUIRE(o.stages.size() == 2);
+  CHECK(std::string(o.stages[0]->name) == "02_kv_split");
+  CHECK(o.problem.shape_name == "seed");
+  REQUIRE(parse_runner_flags({"--sq", "0", "--list-shapes"}, &o).ok());
+  CHECK(o.action == RunnerOptions::Action::list_shapes);
+  REQUIRE(parse_runner_flags({"--list", "--help"}, &o).ok());
+  CHECK(o.action == RunnerOptions::Action::help);
+  const std::string help = runner_help("attn_runner");
+  CHECK(help.find("default prefill_d128_s4096") != std::string::npos);
+  CHECK(help.find("(default: prefill_d128_s4096)") != std::string::npos);
+  CHECK(help.find("--list-shapes") != std::string::npos);
+  CHECK(help.find("seed shape") == std::string::npos);
+}
+
+namespace {
+
+const std::vector<BadArgs>& bad_runner_args() {
+  static const std::vector<BadArgs> cases = {
+      {{"--stages"}, "--stages needs a value"},
+      {{"--stages", "--causal"}, "--stages needs a value"},
+      {{"--stages", ""}, "--stages () names no stage"},
+      {{"--stages", "01_naive,99_missing"},
+       "--stages (01_naive,99_missing): '99_missing' is not a registered stage; registered: "},
+      {{"--stages", "01_naive", "x"}, "unexpected argument 'x' (see --help)"},
+  };
+  return cases;
+}
+
+const std::vector<BadArgs>& bad_bench_args() {
+  static const std::vector<BadArgs> cases = {
+      {{"--attn_stages"}, "--attn_stages needs a value: --attn_stages=01_naive,02_kv_split"},
+      {{"--attn_stages="}, "--attn_stages () names no stage"},
+      {{"--attn_stages=9"}, "--attn_stages (9): '9' is not a registered stage; registered: "},
+      {{"--attn_shapes="}, "--attn_shapes needs a value: --attn_shapes=decode"},
+      {{"--attn_shapes=zzz"}, "--attn_shapes (zzz) is in no shape's name (attn_runner --list-shapes prints them)"},
+      {{"--attn_all_shapes=1"}, "unknown flag --attn_all_shapes=1 (see --help)"},
+      {{"--attn_bogus"}, "unknown flag --attn_bogus (see --help)"},
+      {{"--benchmark_out="}, "--benchmark_out needs a file: --benchmark_out=results/mygpu/bench.json"},
+      {{"--benchmark_out=/nonexistent/dir/bench.json"},
+       "--benchmark_out (/nonexistent/dir/bench.json): the folder /nonexistent/dir does not exist"},
+      {{"--benchmark_out_format=csv"}, "--benchmark_out_format (csv) is not supported: the file is always JSON"},
+      {{"--benchmark_format=xml"}, "--benchmark_format (xml) must be console, json or csv"},
+      {{"--benchmark_time_unit=xs"}, "--benchmark_time_unit (xs) must be ns, us, ms or s"},
+      {{"--benchmark_color=maybe"}, "--benchmark_color (maybe) must be auto, true or false"},
+      {{"--benchmark_repetitions=0"}, "--benchmark_repetitions (0) must be an integer >= 1"},
+      {{"--benchmark_list_tests=maybe"}, "--benchmark_list_tests (maybe) must be true or false"},
+      {{"--benchmark_counters_tabular=2"}, "--benchmark_counters_tabular (2) must be true or false"},
+      {{"--benchmark_filter=("}, "--benchmark_filter (() is not a valid regular expression"},
+      {{"--benchmark_filter=zzz"},
+       "--benchmark_filter (zzz) matches no benchmark (names are <stage>/<shape>, e.g. 01_naive/seed; "
+       "--benchmark_list_tests lists them)"},
+  };
+  return cases;
+}
+
+// The message must equal @p expected, or start with it when it ends in ": " (a list follows).
+bool message_matches(const std::string& got, const std::string& expected) {
+  if (expected.size() >= 2 && expected.compare(expected.size() - 2, 2, ": ") == 0) return got.rfind(expected, 0) == 0;
+  return got == expected;
+}
+
+}  // namespace
+
+TEST_CASE("runner and bench flags: bad values named") {
+  for (const BadArgs& c : bad_runner_args()) {
+    CAPTURE(join(c.args));
+    RunnerOptions o;
+    const Status s = parse_runner_flags(c.args, &o);
+    REQUIRE_FALSE(s.ok());
+    CHECK(message_matches(s.message(), c.message));
+  }
+  for (const BadArgs& c : bad_bench_args()) {
+    CAPTURE(join(c.args));
+    std::vector<std::string> args = c.args;
+    BenchOptions o;
+    const Status s = parse_bench_flags(&args, &o);
+    REQUIRE_FALSE(s.ok());
+    CHECK(message_matches(s.message(), c.message));
+  }
+  std::vector<std::string> args = {"--attn_stages=01_naive", "--attn_shapes=decode", "--benchmark_filter=sk4096",
+                                   "--benchmark_min_time=0.1"};
+  BenchOptions o;
+  REQUIRE(parse_bench_flags(&args, &o).ok());
+  CHECK(args == std::vector<std::string>{"--benchmark_filter=sk4096", "--benchmark_min_time=0.1"});
+  const std::vector<BenchCase> cases = bench_cases(o);
+  REQUIRE(cases.size() == 6);
+  CHECK(cases.front().name == "01_naive/decode_b1_sk4096");
+}
+
+TEST_CASE("programs: bad flags refused before any GPU work, with the flag or field named") {
+  // Without a GPU a program that looked for one first would print "no CUDA device"; with one, it
+  // would run. Either way the output would differ from the one expected line.
+  std::vector<std::string> programs(std::begin(kStageProgramPaths), std::end(kStageProgramPaths));
+  programs.push_back(kRunnerPath);
+  for (const std::string& program : programs) {
+    const bool runner = program == kRunnerPath;
+    std::vector<BadArgs> cases = bad_problem_args();
+    if (runner) cases.insert(cases.end(), bad_runner_args().begin(), bad_runner_args().end());
+    for (const BadArgs& c : cases) {
+      CAPTURE(program);
+      CAPTURE(join(c.args));
+      const Ran r = run_program(program, c.args);
+      CHECK(r.code == 2);
+      const std::string prefix = "error: ";
+      REQUIRE(r.output.rfind(prefix, 0) == 0);
+      REQUIRE(r.output.back() == '\n');
+      CHECK(r.output.find('\n') == r.output.size() - 1);  // one line
+      CHECK(message_matches(r.output.substr(prefix.size(), r.output.size() - prefix.size() - 1), c.message));
+    }
+  }
+  if (*kBenchPath == '\0') return;
+  std::vector<BadArgs> cases = bad_bench_args();
+  // Google Benchmark's own flags are refused by its library, which names them, also before the GPU.
+  for (const char* gb : {"--benchmark_min_time=abc", "--v=x", "--bogus"}) cases.push_back({{gb}, ""});
+  for (const BadArgs& c : cases) {
+    CAPTURE(join(c.args));
+    const Ran r = run_program(kBenchPath, c.args);
+    CAPTURE(r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find("CUDA") == std::string::npos);
+    if (c.message.empty()) {
+      CHECK(r.output.find(c.args.front()) != std::string::npos);
+    } else {
+      CHECK(r.output.rfind("error: ", 0) == 0);
+      CHECK(message_matches(r.output.substr(7, r.output.size() - 8), c.message));
+    }
+  }
+}
+
+TEST_CASE("programs: --help and the lists need no GPU") {
+  for (const char* program : kStageProgramPaths) {
+    CAPTURE(program);
+    const Ran help = run_program(program, {"--help"});
+    CHECK(help.code == 0);
+    CHECK(help.output.find("(default: seed)") != std::string::npos);
+    CHECK(help.output.find("--list-shapes") != std::string::npos);
+    const Ran list = run_program(program, {"--list-shapes"});
+    CHECK(list.code == 0);
+    CHECK(list.output.find("decode_b8_sk131072") != std::string::npos);
+  }
+  const Ran help = run_program(kRunnerPath, {"--help"});
+  CHECK(help.code == 0);
+  CHECK(help.output == runner_help(kRunnerPath));
+  const std::pair<const char*, const char*> lists[] = {
+      {"--list-shapes", "prefill_d64_s512_causal"}, {"--list", "01_naive"}, {"--shapes-json", "\"name\": \"seed\""}};
+  for (const auto& [flag, expected] : lists) {
+    CAPTURE(flag);
+    const Ran r = run_program(kRunnerPath, {flag});
+    CHECK(r.code == 0);
+    CHECK(r.output.find(expected) != std::string::npos);
+  }
+  if (*kBenchPath == '\0') return;
+  const Ran bench = run_program(kBenchPath, {"--help"});
+  CHECK(bench.code == 0);
+  for (const char* flag : {"--attn_stages=", "--attn_shapes=", "--attn_all_shapes", "--benchmark_filter"}) {
+    CAPTURE(flag);
+    CHECK(bench.output.find(flag) != std::string::npos);
+  }
+  const Ran list = run_program(kBenchPath, {"--benchmark_list_tests", "--attn_shapes=seed"});
+  CHECK(list.code == 0);
+  CHECK(list.output.find("01_naive/seed") != std::string::npos);
 }

@@ -14,7 +14,7 @@ percentages honest for this GPU, clock and driver.
 
 The shapes come from the C++ binary (`attn_runner --shapes-json > shapes.json`), so the suite is
 defined in one place only. The output is Google Benchmark's JSON schema with names
-`<peer>/<shape>` (SPEC.md, "Names and result files"), so tools/plot.py reads it like bench.json.
+`<peer>/<shape>`, as the stages' are `<stage>/<shape>`, so tools/plot.py reads it like bench.json.
 
 Timing follows the C++ harness: warm-up, then samples of n back-to-back launches with n chosen so
 a sample lasts at least 1 ms, CUDA events around each sample, the median reported. Latency-bound
@@ -24,7 +24,7 @@ shapes (`graph: true`) are launched from a CUDA graph, because Python's launch o
     python3 tools/peers.py --shapes shapes.json --out results/h200/peers.json \
         [--commit SHA] [--only NAME_SUBSTRING]
 
-Needs a CUDA GPU and PyTorch; only the standard library otherwise.
+Needs a CUDA GPU and PyTorch (tools/requirements-peers.txt); only the standard library otherwise.
 """
 
 import argparse
@@ -71,7 +71,7 @@ def parse_args(argv=None):
                         help="shape suite from `attn_runner --shapes-json` (JSON)")
     parser.add_argument("--out", required=True, help="output JSON, e.g. results/h200/peers.json")
     parser.add_argument("--commit", default=None,
-                        help="commit measured (default: $ATTN_COMMIT, else 'unknown')")
+                        help="commit measured (default: $ATTN_COMMIT, else the checkout's commit)")
     parser.add_argument("--only", default=None,
                         help="only shapes whose name contains this substring (quick runs)")
     return parser.parse_args(argv)
@@ -316,7 +316,7 @@ def measure_shape(torch, shape):
 
     names = [f"{peer}/{shape['name']}" for peer, _ in PEERS]
 
-    # PyTorch's is_causal masks top-left aligned; the SPEC's mask is bottom-right aligned. The two
+    # PyTorch's is_causal masks top-left aligned; this project's mask is bottom-right aligned. The two
     # agree only when Sq == Sk, so anything else would be timing a different computation.
     if shape["causal"] and shape["sq"] != shape["sk"]:
         return refuse_shape(shape, "causal with Sq != Sk: PyTorch's mask is top-left aligned")
@@ -379,6 +379,20 @@ def driver_version():
         return "unknown"
 
 
+def checkout_commit():
+    """The repository's commit, as the C++ build records it: short hash, "-dirty" when tracked
+    files differ from it, "unknown" outside a git checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                                text=True, timeout=30, check=True).stdout.strip()
+        changes = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+        return commit + ("-dirty" if changes else "") if commit else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def build_context(torch, args, suite):
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return {
@@ -390,7 +404,7 @@ def build_context(torch, args, suite):
         "cuda": torch.version.cuda,
         "torch": torch.__version__,
         "cudnn": str(torch.backends.cudnn.version()),
-        "commit": args.commit or os.environ.get("ATTN_COMMIT") or "unknown",
+        "commit": args.commit or os.environ.get("ATTN_COMMIT") or checkout_commit(),
         "sm_count": props.multi_processor_count,
         # Older PyTorch builds lack the property; the runner's figure is for the same device.
         "l2_bytes": getattr(props, "L2_cache_size", None) or suite.get("l2_bytes"),
@@ -422,7 +436,14 @@ def main(argv=None):
             sys.exit(f"peers.py: no shape name contains '{args.only}'")
 
     # Imported here so that --help, and a mistyped argument, work on machines without PyTorch.
-    import torch
+    try:
+        import torch
+    except ImportError:
+        sys.exit(f"peers.py: PyTorch is missing for {sys.executable}: install the build for your CUDA "
+                 "version, e.g.\n"
+                 f"    {os.path.basename(sys.executable)} -m pip install -r tools/requirements-peers.txt "
+                 "--index-url https://download.pytorch.org/whl/cu130\n"
+                 "(https://pytorch.org/get-started/locally/ lists the others)")
 
     if not torch.cuda.is_available():
         sys.exit("peers.py: PyTorch sees no CUDA device")

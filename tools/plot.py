@@ -4,13 +4,14 @@
 Reads, from --results (results/h200 by default):
   bench.json   the stages, from the C++ bench: `<stage>/<shape>`, context key `stage.<stage>` = idea
   peers.json   PyTorch's SDPA backends and the two ceilings, from tools/peers.py
-Both are Google Benchmark JSON (SPEC.md, "Names and result files"). Either may lack stages, shapes
+Both are Google Benchmark JSON (README, "Benchmark and regenerate the chart"). Either may lack stages, shapes
 or the whole file: what is missing is left out of the figure and written as "—" in the table,
 never guessed. The list of stages is whatever bench.json holds, so a new stage needs no edit here.
 
     python3 tools/plot.py --results results/h200 --png docs/progression.png --readme README.md
 
-Needs matplotlib (Debian's python3-matplotlib is enough) and the standard library.
+Needs matplotlib (tools/requirements.txt; Debian's python3-matplotlib is enough) and the
+standard library.
 """
 
 import argparse
@@ -21,7 +22,12 @@ import re
 import statistics
 import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit(f"plot.py: matplotlib is missing for {sys.executable}: install it with\n"
+             f"    {os.path.basename(sys.executable)} -m pip install -r tools/requirements.txt\n"
+             "(or, for Debian's system python3: apt-get install python3-matplotlib)")
 
 matplotlib.use("Agg")  # CI has no display; must precede the pyplot import
 import matplotlib.pyplot as plt  # noqa: E402
@@ -33,7 +39,7 @@ BEGIN_MARKER = "<!-- BEGIN RESULTS TABLE -->"
 END_MARKER = "<!-- END RESULTS TABLE -->"
 MISSING = "—"
 
-# The peers are fixed by the SPEC, unlike the stages. name, legend label, README idea, line style.
+# The peers are fixed, unlike the stages. name, legend label, README idea, line style.
 PEERS = (
     ("sdpa_flash", "FA2 (sdpa_flash)", "FlashAttention-2, through PyTorch SDPA",
      {"color": "black", "marker": "s"}),

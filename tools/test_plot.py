@@ -14,6 +14,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -138,6 +139,25 @@ def test_missing_markers(workdir):
         raise AssertionError("a README without markers was accepted")
 
 
+def test_missing_requirements(workdir):
+    """Without its Python package, a tool says which and how to install it; no traceback."""
+    shapes = os.path.join(workdir, "shapes.json")
+    with open(shapes, "w", encoding="utf-8") as f:
+        f.write('{"shapes": []}')
+    cases = [("plot.py", "matplotlib", [], "tools/requirements.txt"),
+             ("peers.py", "torch", ["--shapes", shapes, "--out", os.path.join(workdir, "p.json")],
+              "tools/requirements-peers.txt")]
+    for script, module, args, hint in cases:
+        path = os.path.join(HERE, script)
+        code = (f"import runpy, sys; sys.modules[{module!r}] = None; sys.argv = [{path!r}] + {args!r}; "
+                f"runpy.run_path({path!r}, run_name='__main__')")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=60)
+        check(result.returncode != 0, f"{script} without {module} exited with status 0")
+        check(hint in result.stderr and "Traceback" not in result.stderr,
+              f"{script} without {module}: unclear message: {result.stderr}")
+
+
 def test_canonical_name():
     check(plot.canonical_name("04_wmma/seed/manual_time") == "04_wmma/seed", "manual_time kept")
     check(plot.canonical_name("04_wmma/seed/iterations:10/repeats:3") == "04_wmma/seed",
@@ -145,7 +165,7 @@ def test_canonical_name():
 
 
 def main():
-    tests = [test_full_results, test_partial_results, test_missing_markers]
+    tests = [test_full_results, test_partial_results, test_missing_markers, test_missing_requirements]
     test_canonical_name()
     for test in tests:
         workdir = tempfile.mkdtemp(prefix="test_plot_")
