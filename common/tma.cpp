@@ -17,8 +17,8 @@ Status encoder(PFN_cuTensorMapEncodeTiled_v12000* out) {
   std::call_once(once, [] {
     void* entry = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000,
-                                                             cudaEnableDefault, &found);
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry,
+                                                             12000, cudaEnableDefault, &found);
     if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || entry == nullptr) {
       error = std::string("cuTensorMapEncodeTiled is not available from the driver: ") +
               (err != cudaSuccess ? cudaGetErrorString(err) : "symbol not found");
@@ -33,8 +33,9 @@ Status encoder(PFN_cuTensorMapEncodeTiled_v12000* out) {
 
 }  // namespace
 
-Status encode_tensor_map(CUtensorMap* out, const void* base, DType dtype, int rank, const uint64_t* dims,
-                         const uint64_t* strides_bytes, const uint32_t* box, const char* what) {
+Status encode_tensor_map(CUtensorMap* out, const void* base, DType dtype, int rank,
+                         const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box,
+                         const char* what) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   ATTN_TRY(encoder(&encode));
   cuuint64_t global_dims[5];
@@ -50,16 +51,21 @@ Status encode_tensor_map(CUtensorMap* out, const void* base, DType dtype, int ra
     // A dimension of one index never steps; TMA still wants a non-zero multiple of 16 bytes.
     global_strides[i] = strides_bytes[i] != 0 ? strides_bytes[i] : 16;
   }
-  const CUresult r = encode(out, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                            static_cast<cuuint32_t>(rank), const_cast<void*>(base), global_dims, global_strides, box_dims,
-                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode(
+      out,
+      dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      static_cast<cuuint32_t>(rank), const_cast<void*>(base), global_dims, global_strides, box_dims,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     std::string dims_text, strides_text;
     for (int i = 0; i < rank; ++i) dims_text += (i ? "," : "") + std::to_string(dims[i]);
-    for (int i = 0; i + 1 < rank; ++i) strides_text += (i ? "," : "") + std::to_string(global_strides[i]);
-    return Status::Error(std::string("tensor map of ") + what + " (dims " + dims_text + ", strides " + strides_text +
-                         " bytes) was refused by cuTensorMapEncodeTiled (CUresult " + std::to_string(static_cast<int>(r)) + ")");
+    for (int i = 0; i + 1 < rank; ++i)
+      strides_text += (i ? "," : "") + std::to_string(global_strides[i]);
+    return Status::Error(std::string("tensor map of ") + what + " (dims " + dims_text +
+                         ", strides " + strides_text +
+                         " bytes) was refused by cuTensorMapEncodeTiled (CUresult " +
+                         std::to_string(static_cast<int>(r)) + ")");
   }
   return Status::Ok();
 }

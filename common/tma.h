@@ -19,7 +19,8 @@ namespace attn {
 /// outside the tensor arrive as zeros. cuTensorMapEncodeTiled is reached through
 /// cudaGetDriverEntryPointByVersion, so nothing links libcuda.
 /// @p what names the tensor in error messages (e.g. "q").
-Status encode_tensor_map(CUtensorMap* out, const void* base, DType dtype, int rank, const uint64_t* dims,
-                         const uint64_t* strides_bytes, const uint32_t* box, const char* what);
+Status encode_tensor_map(CUtensorMap* out, const void* base, DType dtype, int rank,
+                         const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box,
+                         const char* what);
 
 }  // namespace attn

@@ -1,16 +1,15 @@
 // Fast attention, one idea at a time:
 //   01 naive -> 02 kv_split -> 03 persistent -> 04 wmma -> 05 cp_async -> 06 warp_specialized
 //
-// Stage 06 extends 05 by Hopper's way of feeding the tensor cores (sm_90a): Q, K and V tiles
-// copied by the tensor-memory accelerator (TMA) into 128-byte-swizzled shared memory; S = Q.K^T
-// and O += P.V on wgmma (a warpgroup's asynchronous matrix product, P from registers); and warp
-// specialization: one producer warp issues every copy into a ring of K/V slots guarded by
-// full/empty mbarriers, while two consumer warpgroups (64 query rows each), given the producer's
-// registers by setmaxnreg, only compute. A work item, as the two sides see it:
-//   producer:  wait until Q's slot is free, copy Q; per tile: wait for a free slot, copy K, V
-//   consumers: wait for Q; per tile: wait for K, S = Q.K^T, online softmax in registers,
-//              wait for V, O += P.V, free the slot; normalise O, store it (or the split's part)
-// Kept from 02-05: key splits merged by LSE, GQA rows packed, one wave of persistent CTAs.
+// Stage 06 extends 05 by Hopper's way of feeding the tensor cores (sm_90a): TMA copies Q, K and V
+// tiles into 128-byte-swizzled shared memory; wgmma computes S = Q.K^T and O += P.V (P from
+// registers); a producer warp issues every copy into a ring of K/V slots with full/empty
+// mbarriers, while consumer warpgroups of 64 query rows, given its registers by setmaxnreg,
+// compute:
+//   producer:  wait for a free Q slot, copy Q; per tile: wait for a free slot, copy K, then V
+//   consumers: wait for Q; per tile: wait for K, S = Q.K^T, free K, online softmax, wait for V,
+//              O += P.V, free V; then normalise and store O (or the split's part, and merge)
+// Kept from 02-05: key splits merged by LSE, packed GQA rows, one wave of persistent CTAs.
 // Why: notebooks_md/06_warp_specialized.md.
 #include <algorithm>
 #include <cmath>
@@ -32,27 +31,15 @@ constexpr const char* kStageName = "06_warp_specialized";
 constexpr int kMinSm = 90;
 constexpr int kWarp = 32;
 constexpr int kWarpGroup = 128;  // wgmma's unit: 4 warps
-constexpr int kCols = 64;         // elements per 128-byte swizzled row: the width of a TMA box
+constexpr int kCols = 64;        // elements per 128-byte swizzled row: the width of a TMA box
 constexpr int kRowBytes = kCols * 2;
 constexpr int kSmemLimit = 227 * 1024;  // shared memory a Hopper CTA may use
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kMaxSplits = 128;       // beyond this the merge costs more than the parallelism buys
-constexpr int kMaxCtasPerSm = 32;     // sizes the arrival counters (hardware limit of resident CTAs)
+constexpr int kMaxSplits = 128;    // beyond this the merge costs more than the parallelism buys
+constexpr int kMaxCtasPerSm = 32;  // sizes the arrival counters (hardware limit of resident CTAs)
 constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q copy and its share of the merge
 
-#ifndef ATTN06_CONSUMERS_D64
-#define ATTN06_CONSUMERS_D64 3
-#endif
-#ifndef ATTN06_CONSUMERS_D128
-#define ATTN06_CONSUMERS_D128 2
-#endif
-#ifndef ATTN06_BC_D64
-#define ATTN06_BC_D64 128
-#endif
-#ifndef ATTN06_BC_D128
-#define ATTN06_BC_D128 128
-#endif
 // The CTA for head dimension D: Consumers warpgroups of 64 query rows each after the producer's
 // warpgroup, Bc keys per K/V tile. While a consumer warpgroup computes its softmax it leaves the
 // tensor cores to the others: more consumers keep them busier, as far as the registers allow
@@ -65,10 +52,11 @@ struct Tile {
   static constexpr int kConsumers = C;
   static constexpr int kThreads = (1 + kConsumers) * kWarpGroup;
   static constexpr int kBr = 64 * kConsumers;  // packed query rows per work item
-  static constexpr int kBc = D == 64 ? ATTN06_BC_D64 : ATTN06_BC_D128;  // keys per K/V tile
+  static constexpr int kBc = 128;              // keys per K/V tile
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 40;
-  static constexpr int kConsumerRegs = std::min(
-      240, (65536 / kThreads / 8 * 8 * kThreads - kProducerRegs * kWarpGroup) / (kConsumers * kWarpGroup) / 8 * 8);
+  static constexpr int kConsumerRegs =
+      std::min(240, (65536 / kThreads / 8 * 8 * kThreads - kProducerRegs * kWarpGroup) /
+                        (kConsumers * kWarpGroup) / 8 * 8);
   static constexpr int kQBytes = kBr * D * 2, kTileBytes = kBc * D * 2;
   static constexpr int kStages = std::min(4, (kSmemLimit - 2 * kQBytes - 2048) / (2 * kTileBytes));
   static_assert(kStages >= 2, "two K/V slots at least");
@@ -77,26 +65,26 @@ struct Tile {
 // The large CTA, for grids of at least most of a wave: three consumer warpgroups at D = 64, two at
 // D = 128 (where S, P and O take more registers). The small one, one consumer warpgroup, for
 // small problems and decode: four times (D = 64: three times) the CTAs, and a deeper K/V ring.
-template <int D> constexpr int kLargeConsumers = D == 64 ? ATTN06_CONSUMERS_D64 : ATTN06_CONSUMERS_D128;
-
+template <int D>
+constexpr int kLargeConsumers = D == 64 ? 3 : 2;
 
 // Shared memory. Every tile is stored as D/64 column blocks of 128-byte rows in TMA's 128-byte
 // swizzle (the 16-byte piece c of row r sits at piece c ^ (r % 8)), each block 1024-byte aligned:
 // the layout wgmma's descriptors name.
 template <int D, int C>
 struct Smem {
-  static constexpr int kChunks = D / kCols, kStages = Tile<D, C>::kStages, kBr = Tile<D, C>::kBr, kBc = Tile<D, C>::kBc;
+  static constexpr int kChunks = D / kCols, kStages = Tile<D, C>::kStages, kBr = Tile<D, C>::kBr,
+                       kBc = Tile<D, C>::kBc;
   alignas(1024) unsigned char q[2][kChunks][kBr * kRowBytes];        // [slot][D/64][Br][64]
   alignas(1024) unsigned char k[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
   alignas(1024) unsigned char v[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
   uint64_t q_full[2], q_empty[2];  // Q landed / every consumer warp done reading it
-  uint64_t k_full[kStages];   // K tile landed in the slot
-  uint64_t v_full[kStages];   // V tile landed in the slot
-  uint64_t k_empty[kStages];  // every consumer warp done reading the slot's K (after S)
-  uint64_t v_empty[kStages];  // ... and its V (after P.V)
-  int last_split;             // this CTA brought its query block's last split (it merges)
+  uint64_t k_full[kStages];        // K tile landed in the slot
+  uint64_t v_full[kStages];        // V tile landed in the slot
+  uint64_t k_empty[kStages];       // every consumer warp done reading the slot's K (after S)
+  uint64_t v_empty[kStages];       // ... and its V (after P.V)
+  int last_split;                  // this CTA brought its query block's last split (it merges)
 };
-
 
 // The three tensor maps, passed by value as one __grid_constant__ parameter (TMA reads them from
 // the parameter space).
@@ -106,14 +94,14 @@ struct Maps {
 
 // What the kernel needs beyond AttnParams: the work decomposition and the split buffers.
 struct Work {
-  int num_splits = 1;          // key ranges per (batch, packed head, query block)
-  int64_t keys_per_split = 0;  // a multiple of Bc
-  int q_blocks = 0;            // query blocks of Br packed rows per (batch, packed head)
-  int log2_pack = 0;           // 2^log2_pack query heads of one kv head share a row block
-  unsigned n_items = 0;        // B * (Hq >> log2_pack) * q_blocks * num_splits
-  float* o_partial = nullptr;  // [num_splits][B*Hq*Sq][D] fp32, normalised within the split
+  int num_splits = 1;            // key ranges per (batch, packed head, query block)
+  int64_t keys_per_split = 0;    // a multiple of Bc
+  int q_blocks = 0;              // query blocks of Br packed rows per (batch, packed head)
+  int log2_pack = 0;             // 2^log2_pack query heads of one kv head share a row block
+  unsigned n_items = 0;          // B * (Hq >> log2_pack) * q_blocks * num_splits
+  float* o_partial = nullptr;    // [num_splits][B*Hq*Sq][D] fp32, normalised within the split
   float* lse_partial = nullptr;  // [num_splits][B*Hq*Sq], -inf where the split saw no key
-  int* arrivals = nullptr;     // [B][Hq >> log2_pack][q_blocks] splits done (zero between launches)
+  int* arrivals = nullptr;  // [B][Hq >> log2_pack][q_blocks] splits done (zero between launches)
 };
 
 // One work item: query block q_block of packed head hs of batch b, over the keys of one split.
@@ -127,7 +115,8 @@ struct Item {
 };
 
 // Keys row i may see within the split ending at split_end (bottom-right causal mask).
-__host__ __device__ __forceinline__ int64_t row_end(const AttnParams& p, int64_t i, int64_t split_end) {
+__host__ __device__ __forceinline__ int64_t row_end(const AttnParams& p, int64_t i,
+                                                    int64_t split_end) {
   const int64_t visible = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
   return min(visible, split_end);
 }
@@ -153,7 +142,8 @@ __device__ __forceinline__ Item decode_item(const AttnParams& p, const Work& w, 
   it.split_end = min(p.sk, it.kv_begin + w.keys_per_split);
   const int64_t i_last = (min(it.row0 + kBr, rows) - 1) >> w.log2_pack;
   const int64_t block_end = row_end(p, i_last, it.split_end);
-  it.n_tiles = block_end > it.kv_begin ? static_cast<int>((block_end - it.kv_begin + kBc - 1) / kBc) : 0;
+  it.n_tiles =
+      block_end > it.kv_begin ? static_cast<int>((block_end - it.kv_begin + kBc - 1) / kBc) : 0;
   return it;
 }
 
@@ -163,9 +153,11 @@ using namespace hopper;
 // The producer: one thread of warpgroup 0 issues every TMA copy of this CTA's items. Q of an item
 // waits until the consumers have read the previous item's Q; each K/V tile waits for its slot.
 template <int D, int C>
-__device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, const Work& w, Smem<D, C>& sm) {
+__device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, const Work& w,
+                                        Smem<D, C>& sm) {
   constexpr int kChunks = D / kCols, kStages = Tile<D, C>::kStages, kBc = Tile<D, C>::kBc;
-  constexpr uint32_t kQBytes = Tile<D, C>::kQBytes, kTileBytes = Tile<D, C>::kTileBytes;  // whole boxes, zeros included
+  constexpr uint32_t kQBytes = Tile<D, C>::kQBytes,
+                     kTileBytes = Tile<D, C>::kTileBytes;  // whole boxes, zeros included
   const int64_t group = p.hq / p.hkv;
   uint32_t q_uses = 0, kv_uses = 0;
   for (unsigned item = blockIdx.x; item < w.n_items; item += gridDim.x) {
@@ -187,11 +179,13 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
       mbarrier_wait(&sm.k_empty[slot], free_parity);
       mbarrier_arrive_expect_tx(&sm.k_full[slot], kTileBytes);
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) tma_load_4d(sm.k[slot][c], &maps.k, c * kCols, key, h_kv, b, &sm.k_full[slot]);
+      for (int c = 0; c < kChunks; ++c)
+        tma_load_4d(sm.k[slot][c], &maps.k, c * kCols, key, h_kv, b, &sm.k_full[slot]);
       mbarrier_wait(&sm.v_empty[slot], free_parity);
       mbarrier_arrive_expect_tx(&sm.v_full[slot], kTileBytes);
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) tma_load_4d(sm.v[slot][c], &maps.v, c * kCols, key, h_kv, b, &sm.v_full[slot]);
+      for (int c = 0; c < kChunks; ++c)
+        tma_load_4d(sm.v[slot][c], &maps.v, c * kCols, key, h_kv, b, &sm.v_full[slot]);
     }
   }
 }
@@ -209,7 +203,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
   return x;
 }
 
@@ -218,12 +213,14 @@ __device__ __forceinline__ float warp_max(float x) {
 // LSE = m + log of that sum. Splits in index order: the result is the same bits every run. The
 // partials come from other SMs of this launch, so they are read through L2 (__ldcg).
 template <typename T, int D>
-__device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, int64_t b, int64_t h, int64_t i, int lane) {
+__device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, int64_t b, int64_t h,
+                                          int64_t i, int lane) {
   constexpr int E = D / kWarp;
   const int64_t n_rows = p.b * p.hq * p.sq;
   const int64_t row = (b * p.hq + h) * p.sq + i;
   float m = -INFINITY;
-  for (int s = lane; s < w.num_splits; s += kWarp) m = fmaxf(m, __ldcg(w.lse_partial + s * n_rows + row));
+  for (int s = lane; s < w.num_splits; s += kWarp)
+    m = fmaxf(m, __ldcg(w.lse_partial + s * n_rows + row));
   m = warp_max(m);
   const float shift = m == -INFINITY ? 0.0f : m;
   float sum_w = 0.0f, acc[E] = {};
@@ -238,7 +235,8 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, in
   const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] *= inv;
-  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;  // [D]
+  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride +
+         h * p.o_head_stride;  // [D]
   store_from_float<E>(o + lane * E, acc);
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
@@ -246,8 +244,10 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, in
 // A consumer warpgroup: rows [64 cw, 64 cw + 64) of each item, warp wq of it rows 16 wq + lane/4
 // and + 8 (the accumulator layout, hopper.cuh).
 template <typename T, int D, int C>
-__device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem<D, C>& sm, int cw, int wq, int lane) {
-  constexpr int kStages = Tile<D, C>::kStages, kBr = Tile<D, C>::kBr, kBc = Tile<D, C>::kBc, kConsumers = Tile<D, C>::kConsumers;
+__device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem<D, C>& sm, int cw,
+                                        int wq, int lane) {
+  constexpr int kStages = Tile<D, C>::kStages, kBr = Tile<D, C>::kBr, kBc = Tile<D, C>::kBc,
+                kConsumers = Tile<D, C>::kConsumers;
   constexpr int kS = kBc / 2, kO = D / 2;  // accumulators per thread: S[64][Bc], O[64][D]
   const unsigned rows = static_cast<unsigned>(p.sq) << w.log2_pack;  // packed rows per (b, hs)
   const unsigned pack_mask = (1u << w.log2_pack) - 1;
@@ -277,7 +277,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
     for (int j = 0; j < kO; ++j) o[j] = 0.0f;
 
     const int q_slot = q_uses % 2;
-    const uint32_t q_addr = smem_addr(sm.q[q_slot]) + cw * 64 * kRowBytes;  // this warpgroup's 64 rows
+    const uint32_t q_addr =
+        smem_addr(sm.q[q_slot]) + cw * 64 * kRowBytes;  // this warpgroup's 64 rows
     if (it.n_tiles > 0) {
       mbarrier_wait(&sm.q_full[q_slot], (q_uses / 2) & 1);
       ++q_uses;
@@ -298,8 +299,10 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
           const uint32_t step = (kk % 4) * 32;
           const uint64_t a = smem_descriptor(q_addr + (kk / 4) * kBr * kRowBytes + step, 16, 1024);
           const uint64_t bk = smem_descriptor(k_addr + (kk / 4) * kBc * kRowBytes + step, 16, 1024);
-          if constexpr (kBc == 64) wgmma_ss_n64<T>(s, a, bk, kk > 0);
-          else wgmma_ss_n128<T>(s, a, bk, kk > 0);
+          if constexpr (kBc == 64)
+            wgmma_ss_n64<T>(s, a, bk, kk > 0);
+          else
+            wgmma_ss_n128<T>(s, a, bk, kk > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -320,7 +323,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
         const bool masked = t >= n_unmasked;
         int limit[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
+        for (int h = 0; h < 2; ++h)
+          limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
         auto online_softmax = [&](auto positive) {
           constexpr bool kPos = decltype(positive)::value;
           constexpr float kMasked = kPos ? -INFINITY : INFINITY;
@@ -337,7 +341,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
 #pragma unroll
             for (int k = 0; k < 4; ++k) ext[h][k] = kMasked;
 #pragma unroll
-          for (int j = 0; j < kS; ++j) ext[(j >> 1) & 1][(j / 4) % 4] = pick(ext[(j >> 1) & 1][(j / 4) % 4], s[j]);
+          for (int j = 0; j < kS; ++j)
+            ext[(j >> 1) & 1][(j / 4) % 4] = pick(ext[(j >> 1) & 1][(j / 4) % 4], s[j]);
           float alpha[2], neg_m[2];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
@@ -357,22 +362,26 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
             sum[(j >> 1) & 1][(j / 4) % 4] += s[j];
           }
 #pragma unroll
-          for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
+          for (int h = 0; h < 2; ++h)
+            l[h] = l[h] * alpha[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
           // Rescale O (not needed while no row of the warp finds a larger max).
           if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
             for (int j = 0; j < kO; ++j) o[j] *= alpha[(j >> 1) & 1];
           }
         };
-        if (scale > 0.0f) online_softmax(std::true_type{});
-        else online_softmax(std::false_type{});
-        // P rounded to the input type in the A-fragment layout: pair q of step kk is S elements
-        // 8 kk + 2 q and 8 kk + 2 q + 1 (hopper.cuh). The pairs are packed into S's own first
-        // half (s[8 kk + q]), so that P needs no registers of its own.
+        if (scale > 0.0f)
+          online_softmax(std::true_type{});
+        else
+          online_softmax(std::false_type{});
+          // P rounded to the input type in the A-fragment layout: pair q of step kk is S elements
+          // 8 kk + 2 q and 8 kk + 2 q + 1 (hopper.cuh). The pairs are packed into S's own first
+          // half (s[8 kk + q]), so that P needs no registers of its own.
 #pragma unroll
         for (int kk = 0; kk < kBc / 16; ++kk)
 #pragma unroll
-          for (int q = 0; q < 4; ++q) s[8 * kk + q] = __uint_as_float(pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]));
+          for (int q = 0; q < 4; ++q)
+            s[8 * kk + q] = __uint_as_float(pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]));
       }
       mbarrier_wait(&sm.v_full[slot], phase);
       if (active) {
@@ -385,8 +394,10 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
           const uint64_t bv = smem_descriptor(v_addr + kk * 16 * kRowBytes, kBc * kRowBytes, 1024);
           const uint32_t pa[4] = {__float_as_uint(s[8 * kk]), __float_as_uint(s[8 * kk + 1]),
                                   __float_as_uint(s[8 * kk + 2]), __float_as_uint(s[8 * kk + 3])};
-          if constexpr (D == 64) wgmma_rs_n64<T>(o, pa, bv, 1);
-          else wgmma_rs_n128<T>(o, pa, bv, 1);
+          if constexpr (D == 64)
+            wgmma_rs_n64<T>(o, pa, bv, 1);
+          else
+            wgmma_rs_n128<T>(o, pa, bv, 1);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -412,7 +423,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
         const int64_t i = r >> w.log2_pack, head = (it.hs << w.log2_pack) + (r & pack_mask);
         const int64_t row = (it.b * p.hq + head) * p.sq + i;  // LSE index, partials' row
         if (w.num_splits == 1) {
-          T* out = static_cast<T*>(p.o) + it.b * p.o_batch_stride + i * p.o_seq_stride + head * p.o_head_stride;
+          T* out = static_cast<T*>(p.o) + it.b * p.o_batch_stride + i * p.o_seq_stride +
+                   head * p.o_head_stride;
 #pragma unroll
           for (int nb = 0; nb < D / 8; ++nb)
             *reinterpret_cast<uint32_t*>(out + 8 * nb + quad_col) =
@@ -436,7 +448,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
       __threadfence();
       named_barrier_sync(1, kConsumers * kWarpGroup);
       if (cw == 0 && wq == 0 && lane == 0) {
-        int* arrival = w.arrivals + ((it.b * (p.hq >> w.log2_pack) + it.hs) * w.q_blocks + it.q_block);
+        int* arrival =
+            w.arrivals + ((it.b * (p.hq >> w.log2_pack) + it.hs) * w.q_blocks + it.q_block);
         const bool last = atomicAdd(arrival, 1) == w.num_splits - 1;
         if (last) *arrival = 0;
         sm.last_split = last;
@@ -445,7 +458,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
       if (sm.last_split) {
         __threadfence();  // order the partial reads after the other CTAs' arrivals
         for (unsigned r = it.row0 + cw * 4 + wq; r < it.row0 + kBr && r < rows; r += kConsumers * 4)
-          merge_row<T, D>(p, w, it.b, (it.hs << w.log2_pack) + (r & pack_mask), r >> w.log2_pack, lane);
+          merge_row<T, D>(p, w, it.b, (it.hs << w.log2_pack) + (r & pack_mask), r >> w.log2_pack,
+                          lane);
       }
     }
   }
@@ -460,7 +474,8 @@ __global__ void __launch_bounds__(Tile<D, C>::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   // Dynamic shared memory is only 16-byte aligned; the swizzled tiles need 1024.
-  Smem<D, C>& sm = *reinterpret_cast<Smem<D, C>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  Smem<D, C>& sm = *reinterpret_cast<Smem<D, C>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                                  ~uintptr_t{1023});
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWarp, 0);
   const int lane = threadIdx.x % kWarp;
   if (threadIdx.x == 0) {
@@ -493,12 +508,16 @@ __global__ void __launch_bounds__(Tile<D, C>::kThreads, 1)
 
 using Kernel = void (*)(Maps, AttnParams, Work);
 
-template <typename T, int D> Kernel select_kernel(bool small) {
-  return small ? warp_specialized_kernel<T, D, 1> : warp_specialized_kernel<T, D, kLargeConsumers<D>>;
+template <typename T, int D>
+Kernel select_kernel(bool small) {
+  return small ? warp_specialized_kernel<T, D, 1>
+               : warp_specialized_kernel<T, D, kLargeConsumers<D>>;
 }
 Kernel select_kernel(const AttnParams& p, bool small) {
-  if (p.dtype == DType::f16) return p.d == 64 ? select_kernel<__half, 64>(small) : select_kernel<__half, 128>(small);
-  return p.d == 64 ? select_kernel<__nv_bfloat16, 64>(small) : select_kernel<__nv_bfloat16, 128>(small);
+  if (p.dtype == DType::f16)
+    return p.d == 64 ? select_kernel<__half, 64>(small) : select_kernel<__half, 128>(small);
+  return p.d == 64 ? select_kernel<__nv_bfloat16, 64>(small)
+                   : select_kernel<__nv_bfloat16, 128>(small);
 }
 
 // The CTA's shape for p's head dimension, for the host. smem: the layout plus the slack for
@@ -507,9 +526,11 @@ struct TileInfo {
   int consumers, threads, br, bc, stages;
   size_t smem;
 };
-template <int D, int C> TileInfo tile_info() {
+template <int D, int C>
+TileInfo tile_info() {
   using Cfg = Tile<D, C>;
-  return {Cfg::kConsumers, Cfg::kThreads, Cfg::kBr, Cfg::kBc, Cfg::kStages, sizeof(Smem<D, C>) + 1024};
+  return {Cfg::kConsumers, Cfg::kThreads, Cfg::kBr,
+          Cfg::kBc,        Cfg::kStages,  sizeof(Smem<D, C>) + 1024};
 }
 TileInfo tile_of(const AttnParams& p, bool small) {
   if (small) return p.d == 64 ? tile_info<64, 1>() : tile_info<128, 1>();
@@ -526,17 +547,18 @@ int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_spl
   for (int64_t s = 1; s <= max_splits; ++s) {
     const int64_t ctas = ctas_without_split * s, waves = (ctas + slots - 1) / slots;
     const double efficiency = static_cast<double>(ctas) / static_cast<double>(waves * slots);
-    if (efficiency > best_efficiency + 1e-9) best = static_cast<int>(s), best_efficiency = efficiency;
+    if (efficiency > best_efficiency + 1e-9)
+      best = static_cast<int>(s), best_efficiency = efficiency;
   }
   return best;
 }
 
 // Everything launch() decides for a problem.
 struct Launch {
-  TileInfo tile;        // the CTA's shape
-  Work work;            // decomposition (pointers filled at launch)
-  int64_t ctas = 0;     // min(items, resident slots)
-  int64_t slots = 0;    // resident CTAs per SM x SMs
+  TileInfo tile;      // the CTA's shape
+  Work work;          // decomposition (pointers filled at launch)
+  int64_t ctas = 0;   // min(items, resident slots)
+  int64_t slots = 0;  // resident CTAs per SM x SMs
   int sm_count = 0;
   size_t smem = 0;
   Kernel kernel = nullptr;
@@ -554,17 +576,21 @@ Status make_launch(const AttnParams& p, Launch* out) {
     int log2_pack = 0;
     while ((group % (int64_t{2} << log2_pack)) == 0 && kBr % (2 << log2_pack) == 0) ++log2_pack;
     const int64_t rows = p.sq << log2_pack;
-    const int64_t kMax32 = (int64_t{1} << 31) - kBr - l->tile.bc;  // rows, keys and items in 32 bits
+    const int64_t kMax32 =
+        (int64_t{1} << 31) - kBr - l->tile.bc;  // rows, keys and items in 32 bits
     if (rows >= kMax32 || p.sk >= kMax32 || p.hq >= kMax32)
-      return Status::Error("Sq * 2^pack (" + std::to_string(rows) + "), Sk (" + std::to_string(p.sk) + ") and Hq (" +
-                           std::to_string(p.hq) + ") must be under stage 06's limit 2^31");
+      return Status::Error("Sq * 2^pack (" + std::to_string(rows) + "), Sk (" +
+                           std::to_string(p.sk) + ") and Hq (" + std::to_string(p.hq) +
+                           ") must be under stage 06's limit 2^31");
     l->kernel = select_kernel(p, small);
     l->smem = l->tile.smem;
     if (l->smem > device->smem_per_block_optin)
       return Status::Error("stage 06_warp_specialized needs " + std::to_string(l->smem) +
-                           " bytes of shared memory per CTA, the device allows " + std::to_string(device->smem_per_block_optin));
+                           " bytes of shared memory per CTA, the device allows " +
+                           std::to_string(device->smem_per_block_optin));
     int ctas_per_sm = 0;
-    ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(l->kernel), l->tile.threads, l->smem, &ctas_per_sm));
+    ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(l->kernel), l->tile.threads,
+                                  l->smem, &ctas_per_sm));
     l->slots = static_cast<int64_t>(std::min(ctas_per_sm, kMaxCtasPerSm)) * device->sm_count;
     l->work.log2_pack = log2_pack;
     l->work.q_blocks = static_cast<int>((rows + kBr - 1) / kBr);
@@ -574,10 +600,13 @@ Status make_launch(const AttnParams& p, Launch* out) {
   Launch large, small;
   ATTN_TRY(configure(false, &large));
   ATTN_TRY(configure(true, &small));
-  auto unsplit_of = [&](const Launch& l) { return int64_t{l.work.q_blocks} * (p.hq >> l.work.log2_pack) * p.b; };
+  auto unsplit_of = [&](const Launch& l) {
+    return int64_t{l.work.q_blocks} * (p.hq >> l.work.log2_pack) * p.b;
+  };
   // The large CTA when its grid fills most of one wave (80%, as for splitting); else the small one
   // when its grid fits in one wave; else the large one (a few long items, not two rounds of short).
-  const bool use_large = unsplit_of(large) * 10 >= large.slots * 8 || unsplit_of(small) > small.slots;
+  const bool use_large =
+      unsplit_of(large) * 10 >= large.slots * 8 || unsplit_of(small) > small.slots;
   Launch l = use_large ? large : small;
   Work& w = l.work;
   const int64_t unsplit = unsplit_of(l);
@@ -585,12 +614,14 @@ Status make_launch(const AttnParams& p, Launch* out) {
   // At most two items per resident CTA: a second round can fill the SMs the first leaves idle
   // (decode's 8 kv heads: 33 splits fill 264 slots, 16 leave 4 SMs idle); more rounds would add
   // items' fixed costs (a Q copy, a partial output to write and merge) without parallelism.
-  const int splits = choose_num_splits(unsplit, l.slots,
-                                       std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, 2 * l.slots / unsplit)));
+  const int splits = choose_num_splits(
+      unsplit, l.slots,
+      std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, 2 * l.slots / unsplit)));
   w.keys_per_split = (kv_tiles + splits - 1) / splits * l.tile.bc;
   w.num_splits = static_cast<int>((p.sk + w.keys_per_split - 1) / w.keys_per_split);
   const int64_t items = unsplit * w.num_splits;
-  if (items >= (int64_t{1} << 31)) return Status::Error("work items (" + std::to_string(items) + ") exceed stage 06's limit 2^31");
+  if (items >= (int64_t{1} << 31))
+    return Status::Error("work items (" + std::to_string(items) + ") exceed stage 06's limit 2^31");
   w.n_items = static_cast<unsigned>(items);
   l.ctas = std::min(items, l.slots);
   *out = l;
@@ -609,7 +640,8 @@ WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
   const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
   const size_t splits = l.work.num_splits > 1 ? static_cast<size_t>(l.work.num_splits) : 0;
   WorkspaceLayout ws;
-  ws.o_partial = align(static_cast<size_t>(kMaxCtasPerSm) * static_cast<size_t>(l.sm_count) * sizeof(int));
+  ws.o_partial =
+      align(static_cast<size_t>(kMaxCtasPerSm) * static_cast<size_t>(l.sm_count) * sizeof(int));
   ws.lse_partial = ws.o_partial + align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
   ws.total = ws.lse_partial + align(splits * rows * sizeof(float));
   return ws;
@@ -628,11 +660,13 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
   out->block = dim3(l.tile.threads);
   out->dynamic_smem_bytes = l.smem;
   out->kernel = reinterpret_cast<const void*>(l.kernel);
-  out->notes = "persistent: " + std::to_string(l.ctas) + " CTAs over " + std::to_string(l.work.n_items) +
-               " work items, 1 producer warpgroup + " + std::to_string(l.tile.consumers) + " consumer warpgroups, Br=" +
-               std::to_string(l.tile.br) + " packed rows (" + std::to_string(1 << l.work.log2_pack) +
-               " heads per block), Bc=" + std::to_string(l.tile.bc) + ", " + std::to_string(l.tile.stages) +
-               " K/V slots, num_splits=" + std::to_string(l.work.num_splits);
+  out->notes =
+      "persistent: " + std::to_string(l.ctas) + " CTAs over " + std::to_string(l.work.n_items) +
+      " work items, 1 producer warpgroup + " + std::to_string(l.tile.consumers) +
+      " consumer warpgroups, Br=" + std::to_string(l.tile.br) + " packed rows (" +
+      std::to_string(1 << l.work.log2_pack) + " heads per block), Bc=" + std::to_string(l.tile.bc) +
+      ", " + std::to_string(l.tile.stages) +
+      " K/V slots, num_splits=" + std::to_string(l.work.num_splits);
   return Status::Ok();
 }
 
@@ -641,14 +675,16 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
 // (64, Bc). Strides in bytes, from AttnParams' element strides.
 Status encode_maps(const AttnParams& p, const TileInfo& tile, int log2_pack, Maps* maps) {
   const uint64_t e = 2, pack = uint64_t{1} << log2_pack;
-  const uint64_t q_dims[5] = {static_cast<uint64_t>(p.d), pack, static_cast<uint64_t>(p.sq), static_cast<uint64_t>(p.hq) / pack,
-                              static_cast<uint64_t>(p.b)};
-  const uint64_t q_strides[4] = {p.q_head_stride * e, p.q_seq_stride * e, pack * p.q_head_stride * e, p.q_batch_stride * e};
-  const uint32_t q_box[5] = {kCols, static_cast<uint32_t>(pack), static_cast<uint32_t>(tile.br / pack), 1, 1};
+  const uint64_t q_dims[5] = {static_cast<uint64_t>(p.d), pack, static_cast<uint64_t>(p.sq),
+                              static_cast<uint64_t>(p.hq) / pack, static_cast<uint64_t>(p.b)};
+  const uint64_t q_strides[4] = {p.q_head_stride * e, p.q_seq_stride * e,
+                                 pack * p.q_head_stride * e, p.q_batch_stride * e};
+  const uint32_t q_box[5] = {kCols, static_cast<uint32_t>(pack),
+                             static_cast<uint32_t>(tile.br / pack), 1, 1};
   ATTN_TRY(encode_tensor_map(&maps->q, p.q, p.dtype, 5, q_dims, q_strides, q_box, "q"));
   const uint32_t kv_box[4] = {kCols, static_cast<uint32_t>(tile.bc), 1, 1};
-  const uint64_t kv_dims[4] = {static_cast<uint64_t>(p.d), static_cast<uint64_t>(p.sk), static_cast<uint64_t>(p.hkv),
-                               static_cast<uint64_t>(p.b)};
+  const uint64_t kv_dims[4] = {static_cast<uint64_t>(p.d), static_cast<uint64_t>(p.sk),
+                               static_cast<uint64_t>(p.hkv), static_cast<uint64_t>(p.b)};
   const uint64_t k_strides[3] = {p.k_seq_stride * e, p.k_head_stride * e, p.k_batch_stride * e};
   ATTN_TRY(encode_tensor_map(&maps->k, p.k, p.dtype, 4, kv_dims, k_strides, kv_box, "k"));
   const uint64_t v_strides[3] = {p.v_seq_stride * e, p.v_head_stride * e, p.v_batch_stride * e};
@@ -683,7 +719,9 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
 StageInfo stage_06_warp_specialized() {
   StageInfo s;
   s.name = kStageName;
-  s.description = "Hopper: TMA copies, wgmma, a producer warp and two consumer warpgroups over an mbarrier ring";
+  s.description =
+      "Hopper: TMA copies, wgmma, a producer warp feeding consumer warpgroups through an mbarrier "
+      "ring";
   s.min_sm = kMinSm;
   s.launch = launch;
   s.plan = plan;
