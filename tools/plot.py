@@ -126,6 +126,7 @@ class Results:
         not_stages = {"ceiling"} | {name for name, _, _, _ in PEERS}
         self.stages = sorted({name.split("/", 1)[0] for name in bench} - not_stages)
         self.entries = {**peers, **bench}
+        self.directory = os.path.normpath(results_dir).replace(os.sep, "/")
 
     def get(self, series, shape, key):
         return self.entries.get(f"{series}/{shape}", {}).get(key)
@@ -504,6 +505,109 @@ def update_readme(readme_path, block):
 
 
 # ----------------------------------------------------------------------------------------------
+# Notebook tables: one per stage, between the markers below in notebooks_md/NN_name.md
+# ----------------------------------------------------------------------------------------------
+
+STAGE_BEGIN_MARKER = "<!-- BEGIN STAGE TABLE -->"
+STAGE_END_MARKER = "<!-- END STAGE TABLE -->"
+CUDNN = "sdpa_cudnn"
+
+# The shapes of a stage's table: (shape, key, unit). Times are compared as speed (previous time
+# over this one), rates as this rate over the previous one: above 1 means this stage is faster.
+STAGE_TABLE_SHAPES = (
+    ("seed", "us", "µs"),
+    ("sweep_bh16", "us", "µs"),
+    ("sweep_bh64", "us", "µs"),
+    ("sweep_bh256", "us", "µs"),
+    ("decode_b1_sk4096", "GBps", "GB/s"),
+    ("decode_b1_sk131072", "GBps", "GB/s"),
+    ("decode_b8_sk32768", "GBps", "GB/s"),
+    ("prefill_d128_s512", "TFLOPs", "TFLOP/s"),
+    ("prefill_d128_s4096", "TFLOPs", "TFLOP/s"),
+    ("prefill_d128_s4096_causal", "TFLOPs", "TFLOP/s"),
+    ("prefill_d128_s16384", "TFLOPs", "TFLOP/s"),
+    ("prefill_d64_s512", "TFLOPs", "TFLOP/s"),
+    ("prefill_d64_s4096", "TFLOPs", "TFLOP/s"),
+    ("prefill_d64_s4096_causal", "TFLOPs", "TFLOP/s"),
+)
+
+
+def speedup(results, faster, slower, shape, key):
+    """How many times faster series `faster` is than `slower` on a shape, or None."""
+    a, b = results.get(faster, shape, key), results.get(slower, shape, key)
+    if a is None or b is None:
+        return None
+    return b / a if key == "us" else a / b
+
+
+def ratio_cell(value):
+    if value is None:
+        return MISSING
+    return f"{value:.2f}×" if value >= 0.1 else f"{value:.3f}×"
+
+
+def build_stage_table(results, stage):
+    """The notebook table of one stage: its figures, the previous stage's, FA2's and cuDNN's, and
+    the ratios of the same run. Missing entries read as a dash, never a guess."""
+    index = results.stages.index(stage)
+    previous = results.stages[index - 1] if index > 0 else None
+    header = ["shape", "unit"]
+    if previous:
+        header.append(f"`{previous}`")
+    header += [f"`{stage}`"]
+    if previous:
+        header.append(f"{stage[:2]} vs {previous[:2]}")
+    header += ["FA2", f"{stage[:2]} vs FA2", "cuDNN", f"{stage[:2]} vs cuDNN"]
+    lines = ["| " + " | ".join(header) + " |",
+             "| --- | --- |" + " ---: |" * (len(header) - 2)]
+    for shape, key, unit in STAGE_TABLE_SHAPES:
+        def value(series):
+            v = results.get(series, shape, key)
+            return MISSING if v is None else format_number(v)
+        cells = [f"`{shape}`", unit]
+        if previous:
+            cells.append(value(previous))
+        cells.append(value(stage))
+        if previous:
+            cells.append(ratio_cell(speedup(results, stage, previous, shape, key)))
+        cells += [value(FA2), ratio_cell(speedup(results, stage, FA2, shape, key)),
+                  value(CUDNN), ratio_cell(speedup(results, stage, CUDNN, shape, key))]
+        lines.append("| " + " | ".join(cells) + " |")
+    gpu = results.context("gpu") or "unknown GPU"
+    commit = short_sha(results.context("commit"))
+    lines.append("")
+    lines.append(f"One run on {gpu} at commit {commit} (`{results.directory}/bench.json` and "
+                 f"`peers.json`), stages and peers together; FA2 is `sdpa_flash`, cuDNN "
+                 f"`sdpa_cudnn`. A ratio above 1× means faster; {MISSING}: not measured.")
+    return "\n".join(lines) + "\n"
+
+
+def update_notebooks(notebooks_dir, results):
+    """Rewrite the stage table of every notebook NN_name.md whose stage is in the results."""
+    updated = []
+    for name in sorted(os.listdir(notebooks_dir)):
+        stage, extension = os.path.splitext(name)
+        if extension != ".md" or stage not in results.stages:
+            continue
+        path = os.path.join(notebooks_dir, name)
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
+        if STAGE_BEGIN_MARKER not in text:
+            continue
+        begin = text.find(STAGE_BEGIN_MARKER)
+        end = text.find(STAGE_END_MARKER, begin)
+        if end < 0:
+            raise ValueError(f"{path}: '{STAGE_END_MARKER}' is missing after '{STAGE_BEGIN_MARKER}'")
+        block = build_stage_table(results, stage)
+        new_text = text[:begin + len(STAGE_BEGIN_MARKER)] + "\n\n" + block + "\n" + text[end:]
+        if new_text != text:
+            with open(path, "w", encoding="utf-8", newline="") as f:
+                f.write(new_text)
+        updated.append(path)
+    return updated
+
+
+# ----------------------------------------------------------------------------------------------
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
@@ -514,6 +618,9 @@ def parse_args(argv=None):
                         help="figure to write (default: docs/progression.png)")
     parser.add_argument("--readme", default="README.md",
                         help="README whose results table is rewritten (default: README.md)")
+    parser.add_argument("--notebooks", metavar="DIR",
+                        help="instead of the README and the figure, rewrite the stage table of "
+                             "every notebook DIR/NN_name.md (between its STAGE TABLE markers)")
     return parser.parse_args(argv)
 
 
@@ -526,6 +633,14 @@ def main(argv=None):
     if len(gpus) > 1:
         print(f"plot.py: warning: bench.json and peers.json come from different GPUs: "
               f"{', '.join(sorted(gpus))}", file=sys.stderr)
+
+    if args.notebooks:
+        try:
+            for path in update_notebooks(args.notebooks, results):
+                print(f"wrote the stage table in {path}", file=sys.stderr)
+        except (OSError, ValueError) as exc:
+            sys.exit(f"plot.py: {exc}")
+        return
 
     block = build_block(results, args.png, args.readme)
     try:
