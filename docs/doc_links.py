@@ -125,11 +125,18 @@ def command_filter(args):
         text = f.read()
     lines = text.split("\n")
     for index, m in reversed(list(links(text))):
+        line = lines[index]
+        start, end = m.span(3)
+        if m.group(1) == "!":
+            # Doxygen copies an image it finds in IMAGE_PATH (docs, docs/img) into html/ under
+            # its own name: a path relative to the page would lead nowhere there.
+            image = resolve(page, m.group(3))
+            if image is not None:
+                lines[index] = line[:start] + os.path.basename(image[0]) + line[end:]
+            continue
         resolved = is_copied(page, m, doc_pages)
         if resolved is None:
             continue
-        line = lines[index]
-        start, end = m.span(3)
         lines[index] = line[:start] + copied_href(resolved) + line[end:]
     headings = [(index, line) for index, line in prose_lines(lines) if line.startswith("#")]
     sections = sum(1 for _, line in headings if line.startswith("## "))
