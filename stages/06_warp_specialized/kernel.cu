@@ -43,9 +43,9 @@ constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q copy and its
 // The CTA for head dimension D: Consumers warpgroups of 64 query rows each after the producer's
 // warpgroup, Bc keys per K/V tile. While a consumer warpgroup computes its softmax it leaves the
 // tensor cores to the others: more consumers keep them busier, as far as the registers allow
-// (S, P and O of a thread: Bc/2 + Bc/4 + D/2). setmaxnreg leaves the producer warpgroup 24 or 40
-// registers a thread and gives the rest of the launch's pool (65536 / threads each, rounded down
-// to 8) to the consumers. Q has two slots, so that the next item's Q lands while this item's last
+// (S and O of a thread, Bc/2 + D/2; P is packed into S's registers). setmaxnreg leaves the
+// producer warpgroup 32 or 40 registers a thread and gives the rest of the launch's pool
+// (65536 / threads each, rounded down to 8) to the consumers. Q has two slots, so that the next item's Q lands while this item's last
 // tiles are computed; the K/V ring has as many slots as fit beside them (up to 4).
 template <int D, int C>
 struct Tile {
@@ -64,7 +64,7 @@ struct Tile {
 };
 // The large CTA, for grids of at least most of a wave: three consumer warpgroups at D = 64, two at
 // D = 128 (where S, P and O take more registers). The small one, one consumer warpgroup, for
-// small problems and decode: four times (D = 64: three times) the CTAs, and a deeper K/V ring.
+// small problems and decode: twice (D = 64: three times) the CTAs, and a deeper K/V ring.
 template <int D>
 constexpr int kLargeConsumers = D == 64 ? 3 : 2;
 
