@@ -45,8 +45,9 @@ constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q copy and its
 // tensor cores to the others: more consumers keep them busier, as far as the registers allow
 // (S and O of a thread, Bc/2 + D/2; P is packed into S's registers). setmaxnreg leaves the
 // producer warpgroup 32 or 40 registers a thread and gives the rest of the launch's pool
-// (65536 / threads each, rounded down to 8) to the consumers. Q has two slots, so that the next item's Q lands while this item's last
-// tiles are computed; the K/V ring has as many slots as fit beside them (up to 4).
+// (65536 / threads each, rounded down to 8) to the consumers. Q has two slots, so that the next
+// item's Q lands while this item's last tiles are computed; the K/V ring has as many slots as fit
+// beside them (up to 4).
 template <int D, int C>
 struct Tile {
   static constexpr int kConsumers = C;
