@@ -158,6 +158,38 @@ def test_missing_requirements(workdir):
               f"{script} without {module}: unclear message: {result.stderr}")
 
 
+def test_notebook_tables(workdir):
+    """--notebooks rewrites the table between a notebook's STAGE TABLE markers, for its stage only:
+    the stage, the one before, FA2 and cuDNN with same-run ratios, dashes where nothing ran."""
+    stages = fixture_stages()
+    stage, previous = stages[1], stages[0]
+    notebooks = os.path.join(workdir, "notebooks_md")
+    os.makedirs(notebooks)
+    before, after = "# A stage\n\nText.\n\n", "\n\n## Next\n"
+    page = os.path.join(notebooks, stage + ".md")
+    with open(page, "w", encoding="utf-8") as f:
+        f.write(before + plot.STAGE_BEGIN_MARKER + "\nstale\n" + plot.STAGE_END_MARKER + after)
+    unmarked = os.path.join(notebooks, previous + ".md")
+    with open(unmarked, "w", encoding="utf-8") as f:
+        f.write("# No table here\n")
+    plot.main(["--results", TESTDATA, "--notebooks", notebooks])
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    check(text.startswith(before + plot.STAGE_BEGIN_MARKER), "text before the table changed")
+    check(text.endswith(plot.STAGE_END_MARKER + after), "text after the table changed")
+    check("stale" not in text, "the old table was not replaced")
+    header = next(line for line in text.splitlines() if line.startswith("| shape"))
+    for column in (f"`{previous}`", f"`{stage}`", "FA2", "cuDNN", f"{stage[:2]} vs {previous[:2]}"):
+        check(column in header, f"column {column} missing from {header}")
+    seed = next(line for line in text.splitlines() if line.startswith("| `seed`"))
+    check(seed.count("×") == 3, f"the seed row does not have three ratios: {seed}")
+    with open(unmarked, encoding="utf-8") as f:
+        check(f.read() == "# No table here\n", "a notebook without markers was changed")
+    plot.main(["--results", TESTDATA, "--notebooks", notebooks])
+    with open(page, encoding="utf-8") as f:
+        check(f.read() == text, "a second run changed the notebook")
+
+
 def test_canonical_name():
     check(plot.canonical_name("04_wmma/seed/manual_time") == "04_wmma/seed", "manual_time kept")
     check(plot.canonical_name("04_wmma/seed/iterations:10/repeats:3") == "04_wmma/seed",
@@ -165,7 +197,8 @@ def test_canonical_name():
 
 
 def main():
-    tests = [test_full_results, test_partial_results, test_missing_markers, test_missing_requirements]
+    tests = [test_full_results, test_partial_results, test_missing_markers, test_missing_requirements,
+             test_notebook_tables]
     test_canonical_name()
     for test in tests:
         workdir = tempfile.mkdtemp(prefix="test_plot_")
