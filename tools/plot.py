@@ -574,9 +574,10 @@ def build_stage_table(results, stage):
                   value(CUDNN), ratio_cell(speedup(results, stage, CUDNN, shape, key))]
         lines.append("| " + " | ".join(cells) + " |")
     gpu = results.context("gpu") or "unknown GPU"
-    commit = short_sha(results.context("commit"))
     lines.append("")
-    lines.append(f"One run on {gpu} at commit {commit} (`{results.directory}/bench.json` and "
+    # The commit measured is in the JSON's context and under the README's table; a notebook
+    # carries no commit hashes.
+    lines.append(f"One run on {gpu} (`{results.directory}/bench.json` and "
                  f"`peers.json`), stages and peers together; FA2 is `sdpa_flash`, cuDNN "
                  f"`sdpa_cudnn`. A ratio above 1× means faster; {MISSING}: not measured.")
     return "\n".join(lines) + "\n"
