@@ -105,6 +105,11 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+/// Arrive at the named barrier @p id of @p threads threads without waiting (bar.arrive): the
+/// counterpart of other warps' named_barrier_sync on the same id and count.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 // ---------------------------------------------------------------------------------------------
 // wgmma: a warpgroup (4 warps, 128 threads) multiplies a 64 x 16 tile of A by a 16 x N tile of B
@@ -147,6 +152,13 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, uint32_t lbo_
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
          static_cast<uint64_t>((lbo_bytes & 0x3FFFF) >> 4) << 16 |
          static_cast<uint64_t>((sbo_bytes & 0x3FFFF) >> 4) << 32 | uint64_t{1} << 62;
+}
+
+/// The descriptor @p desc moved @p bytes further in shared memory. The address field (bits 0-13,
+/// in 16-byte units) holds any shared-memory address, so the move is one 64-bit add of a
+/// constant: the products' loops advance one descriptor instead of encoding one per step.
+__device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
 }
 
 /// Two fp32 values rounded to T and packed into one 32-bit register (low half first).

@@ -8,7 +8,8 @@
   X(03_persistent) \
   X(04_wmma) \
   X(05_cp_async) \
-  X(06_warp_specialized)
+  X(06_warp_specialized) \
+  X(07_overlap)
 
 namespace attn {
 

@@ -82,7 +82,7 @@ Status run_stage(const StageInfo& stage, Problem& problem, HostOutput* out, cons
 // Whether a shape is checked against stage 01 instead of the full fp64 reference.
 bool large(const ProblemShape& s) { return rows_to_check(s).size() != static_cast<size_t>(s.b * s.hq * s.sq); }
 
-// Check one stage on one shape against SPEC.md's accuracy contract (on a shared workspace when
+// Check one stage on one shape against docs/contract.md's accuracy contract (on a shared workspace when
 // @p shared_ws is given).
 void check_stage_on(const StageInfo& stage, const ProblemShape& shape, uint64_t seed,
                     const DeviceBuffer* shared_ws = nullptr) {
@@ -255,9 +255,8 @@ struct CapturedLaunch {
 };
 
 TEST_CASE("a launch captured into a CUDA graph gives what the same launch gives on a stream") {
-  // The benchmarks time latency-bound shapes as graphs of launches. Stages 04+ check the WMMA
-  // fragment layout at their first launch on a device, outside any capture; later launches
-  // must capture cleanly. Seed-sized (no split) and decode (splits, merge counters).
+  // The benchmarks time latency-bound shapes as graphs of launches: every launch must capture
+  // cleanly. Seed-sized (no split) and decode (splits, merge counters).
   ProblemShape seed, decode;
   seed.b = 1, seed.hq = 1, seed.hkv = 1, seed.sq = 128, seed.sk = 128;
   decode.b = 1, decode.hq = 32, decode.hkv = 8, decode.sq = 1, decode.sk = 4097, decode.d = 128, decode.dtype = DType::bf16;

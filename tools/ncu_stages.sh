@@ -5,7 +5,7 @@
 # Usage: tools/ncu_stages.sh [shape] [stage...]      (default stages: 03_persistent 04_wmma 05_cp_async 06_warp_specialized)
 set -uo pipefail
 shape=${1:-prefill_d128_s4096}; shift || true
-stages=${*:-03_persistent 04_wmma 05_cp_async 06_warp_specialized}
+stages=${*:-03_persistent 04_wmma 05_cp_async 06_warp_specialized 07_overlap}
 metrics=(
   gpu__time_duration.sum
   sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
@@ -27,6 +27,6 @@ metrics=(
 list=$(IFS=,; echo "${metrics[*]}")
 for stage in $stages; do
   echo "== $stage on $shape"
-  ncu --clock-control none -k regex:'^(naive|kv_split|persistent|wmma|cp_async|warp_specialized)_kernel' --launch-skip 3 --launch-count 1 --metrics "$list" \
+  ncu --clock-control none -k regex:'^(attention|warp_specialized|overlap)_kernel' --launch-skip 3 --launch-count 1 --metrics "$list" \
       "build/stages/$stage/$stage" --shape "$shape" --no-check 2>&1 | grep -E "^\s+(gpu__|sm__|smsp__|dram__|lts__|l1tex__)|==PROF==|rror"
 done

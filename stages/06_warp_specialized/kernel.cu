@@ -148,6 +148,16 @@ __device__ __forceinline__ Item decode_item(const AttnParams& p, const Work& w, 
   return it;
 }
 
+// The CTA's item of a round: round r holds items [r G, r G + G) of the list, G = gridDim.x, and
+// the rounds alternate their direction over the CTAs. A head's query blocks come in a repeating
+// pattern of lengths (causal: longest first); taken in the same direction every round, a grid
+// that is a multiple of the pattern's period gives each CTA the same block every round (the
+// longest to some, the shortest to others); zig-zag, a CTA's long item in one round is followed
+// by a short one in the next, whatever the period.
+__device__ __forceinline__ unsigned item_of_round(unsigned round) {
+  return round * gridDim.x + ((round & 1) != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 using namespace hopper;
 
@@ -161,7 +171,8 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
                      kTileBytes = Tile<D, C>::kTileBytes;  // whole boxes, zeros included
   const int64_t group = p.hq / p.hkv;
   uint32_t q_uses = 0, kv_uses = 0;
-  for (unsigned item = blockIdx.x; item < w.n_items; item += gridDim.x) {
+  for (unsigned round = 0, item = item_of_round(0); item < w.n_items;
+       item = item_of_round(++round)) {
     const Item it = decode_item<D, C>(p, w, item);
     if (it.n_tiles == 0) continue;
     const int b = static_cast<int>(it.b), h_kv = static_cast<int>((it.hs << w.log2_pack) / group);
@@ -258,7 +269,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
   const float scale = p.scale;  // log2 units (the launch folded in log2(e)); may be negative
   uint32_t q_uses = 0, kv_uses = 0;
 
-  for (unsigned item = blockIdx.x; item < w.n_items; item += gridDim.x) {
+  for (unsigned round = 0, item = item_of_round(0); item < w.n_items;
+       item = item_of_round(++round)) {
     const Item it = decode_item<D, C>(p, w, item);
     const unsigned wg_row0 = it.row0 + 64 * cw;
     const bool active = wg_row0 < rows;  // warpgroup-uniform: a block of padding rows only paces
@@ -278,8 +290,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
     for (int j = 0; j < kO; ++j) o[j] = 0.0f;
 
     const int q_slot = q_uses % 2;
-    const uint32_t q_addr =
-        smem_addr(sm.q[q_slot]) + cw * 64 * kRowBytes;  // this warpgroup's 64 rows
+    const uint64_t q_desc =  // this warpgroup's 64 rows
+        smem_descriptor(smem_addr(sm.q[q_slot]) + cw * 64 * kRowBytes, 16, 1024);
     if (it.n_tiles > 0) {
       mbarrier_wait(&sm.q_full[q_slot], (q_uses / 2) & 1);
       ++q_uses;
@@ -290,16 +302,19 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
       const int64_t kv_tile = it.kv_begin + int64_t{t} * kBc;
       float s[kS];
       mbarrier_wait(&sm.k_full[slot], phase);
-      if (active) {
+      {
         // S = Q.K^T: D/16 steps of 16 along the head dimension; step kk reads 32 bytes into the
-        // 128-byte rows of column block kk / 4. The first step ignores S's old contents.
-        const uint32_t k_addr = smem_addr(sm.k[slot]);
+        // 128-byte rows of column block kk / 4. The first step ignores S's old contents. A
+        // warpgroup of padding rows multiplies too (its Q is TMA's zeros): ptxas cannot prove a
+        // branch around wgmma uniform over the warpgroup, and would serialise every product
+        // (info C7518) to be safe.
+        const uint64_t k_desc = smem_descriptor(smem_addr(sm.k[slot]), 16, 1024);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
           const uint32_t step = (kk % 4) * 32;
-          const uint64_t a = smem_descriptor(q_addr + (kk / 4) * kBr * kRowBytes + step, 16, 1024);
-          const uint64_t bk = smem_descriptor(k_addr + (kk / 4) * kBc * kRowBytes + step, 16, 1024);
+          const uint64_t a = advance(q_desc, (kk / 4) * kBr * kRowBytes + step);
+          const uint64_t bk = advance(k_desc, (kk / 4) * kBc * kRowBytes + step);
           if constexpr (kBc == 64)
             wgmma_ss_n64<T>(s, a, bk, kk > 0);
           else
@@ -385,14 +400,14 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
             s[8 * kk + q] = __uint_as_float(pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]));
       }
       mbarrier_wait(&sm.v_full[slot], phase);
-      if (active) {
+      {
         // O += P.V: Bc/16 steps of 16 keys; V is N-major (rows of D elements), 2048 bytes per
         // step of 16 rows, column blocks kBc * 128 bytes apart.
-        const uint32_t v_addr = smem_addr(sm.v[slot]);
+        const uint64_t v_desc = smem_descriptor(smem_addr(sm.v[slot]), kBc * kRowBytes, 1024);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBc / 16; ++kk) {
-          const uint64_t bv = smem_descriptor(v_addr + kk * 16 * kRowBytes, kBc * kRowBytes, 1024);
+          const uint64_t bv = advance(v_desc, kk * 16 * kRowBytes);
           const uint32_t pa[4] = {__float_as_uint(s[8 * kk]), __float_as_uint(s[8 * kk + 1]),
                                   __float_as_uint(s[8 * kk + 2]), __float_as_uint(s[8 * kk + 3])};
           if constexpr (D == 64)
@@ -467,8 +482,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// grid = min(work items, SMs), 384 threads: warpgroup 0 produces, 1 and 2 consume. Each CTA takes
-// items blockIdx.x, + gridDim.x, ...: the producer and the consumers walk the same list.
+// grid = min(work items, resident CTAs); warpgroup 0 produces, the others consume. Each CTA takes
+// one item per round (item_of_round): the producer and the consumers walk the same list.
 template <typename T, int D, int C>
 __global__ void __launch_bounds__(Tile<D, C>::kThreads, 1)
     warp_specialized_kernel(const __grid_constant__ Maps maps, const AttnParams p, const Work w) {

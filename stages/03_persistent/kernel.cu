@@ -1,0 +1,599 @@
+// Fast attention, one idea at a time:
+//   01 naive -> 02 kv_split -> 03 persistent -> 04 wmma -> 05 cp_async -> 06 warp_specialized
+//
+// Stage 03 extends 02 with persistent CTAs: as many as fit on the GPU at once, each taking work
+// items from a queue (an atomic counter), causal query blocks longest first. Splits stop at one
+// wave, and the merge is fused: the CTA that finishes a query block's last split merges it. Each
+// launch leaves its counters in the workspace at zero, so none needs a memset.
+// What every stage computes: docs/contract.md. Why this stage: notebooks_md/03_persistent.md.
+#include <algorithm>
+#include <cmath>
+
+#include "device.h"
+#include "dtype.cuh"
+#include "params.h"
+#include "stage.h"
+#include "warp.cuh"
+
+namespace attn {
+namespace {
+
+constexpr const char* kStageName = "03_persistent";
+constexpr int kMinSm = 80;
+constexpr int kBr = 8;           // warp rows per CTA without key warps, as in 01
+constexpr int kBc = kWarp;       // keys per step of the online softmax: one per lane
+constexpr int kKeyWarps = 4;     // key warps per warp row, when a CTA has them
+constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
+constexpr int kMaxCtasPerSm = 32;  // the hardware's limit of resident CTAs per SM
+
+// Where the CTAs of one (batch, kv head, query block) put their partial results.
+struct SplitArgs {
+  int num_splits = 1;            // key ranges per (batch, kv head, query block)
+  int64_t keys_per_split = 0;    // a multiple of Bc
+  float* o_partial = nullptr;    // [num_splits][B*Hq*Sq][D] fp32, normalised within the split
+  float* lse_partial = nullptr;  // [num_splits][B*Hq*Sq], -inf where the split saw no key
+  int64_t q_blocks = 0;          // query blocks per (batch, kv head)
+  unsigned long long* next_item = nullptr;  // items taken from the queue (0 between launches)
+  unsigned* exited = nullptr;    // CTAs that found the queue empty (0 between launches)
+  int* arrivals = nullptr;       // [B][Hkv][q_blocks] splits finished (0 between launches)
+};
+
+// 01's loop: one warp, one query row q, over the tiles kw, kw + KW, ... of its keys [kv_begin,
+// kv_end) of k and v. Leaves the running max m (log2 units), the sum l and the unnormalised o_acc.
+template <typename T, int D, int KW>
+__device__ __forceinline__ void attend_row(const AttnParams& p, const T* q, const T* k, const T* v,
+                                           int64_t kv_begin, int64_t kv_end, int kw, int lane,
+                                           float (&smem_q)[D],
+                                           float& m, float& l, float (&o_acc)[D / kWarp]) {
+  constexpr int E = D / kWarp;
+  // 1. The query row, fp32, in shared memory: each lane needs all of it for its key's score.
+  float q_frag[E];
+  load_as_float<E>(q + lane * E, q_frag);
+#pragma unroll
+  for (int e = 0; e < E; ++e) smem_q[lane * E + e] = q_frag[e];
+  __syncwarp();
+
+  // 2. Online softmax over tiles of Bc = 32 keys. m is the running maximum of the scores seen so
+  //    far, l the running sum of exp(score - m) (kept per lane for the lane's own keys, summed
+  //    at the end), o_acc the running sum of exp(score - m) * V. When a tile raises the maximum
+  //    from m to m_new, everything accumulated so far was scaled by exp(-m) and must be rescaled
+  //    by exp(m - m_new): the result is exactly the softmax over all keys seen, and no exp()
+  //    argument is ever positive, so nothing overflows.
+  float l_lane = 0.0f;
+  m = -INFINITY;
+  for (int64_t kv_tile = kv_begin + kw * kBc; kv_tile < kv_end; kv_tile += KW * kBc) {
+    // 2a. Lane l scores key j = kv_tile + l: its K row in 16-byte loads, two independent partial
+    //     sums. A lane past kv_end reads the last visible key (in bounds) and is masked to -inf.
+    const int64_t j = kv_tile + lane;
+    const T* k_row = k + min(j, kv_end - 1) * p.k_seq_stride;  // [D]
+    float partial[2] = {};
+#pragma unroll
+    for (int d0 = 0; d0 < D; d0 += 8) {
+      float k8[8];
+      load_as_float<8>(k_row + d0, k8);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) partial[e % 2] += smem_q[d0 + e] * k8[e];
+    }
+
+    // 2b. New running maximum (finite: the tile has a visible key); P for this lane's key.
+    const float s = j < kv_end ? (partial[0] + partial[1]) * p.scale : -INFINITY;
+    const float m_new = fmaxf(m, warp_max(s));
+    const float alpha = exp2f(m - m_new);   // 0 on the first tile (m = -inf)
+    const float p_lane = exp2f(s - m_new);  // 0 when masked
+    l_lane = l_lane * alpha + p_lane;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_acc[e] *= alpha;
+    m = m_new;
+
+    // 2c. P.V, key by key: p_j comes from the lane that scored key j. Masked keys have p_j = 0
+    //     and read a visible row (in bounds).
+#pragma unroll
+    for (int jj = 0; jj < kBc; ++jj) {
+      float v_frag[E];
+      load_as_float<E>(v + min(kv_tile + jj, kv_end - 1) * p.v_seq_stride + lane * E, v_frag);
+      const float p_j = __shfl_sync(kFullMask, p_lane, jj);
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_acc[e] += p_j * v_frag[e];
+    }
+  }
+  l = warp_sum(l_lane);
+}
+
+// GQA packing: a warp row of HPW > 1 heads (decode), reading each K and V byte once, coalesced:
+// G = D/8 lanes read a row, 16 bytes each; lane (g, c) forms partial dot products with 8 elements
+// of every head's q, and one transpose_sum finishes G of them (the score of key (ch*R + c/HPW)*KPI
+// + g, head c % HPW). P goes through shared memory to P.V. Leaves normalised O and LSE in slots.
+template <typename T, int D, int HPW, int KW>
+__device__ __forceinline__ void attend_gqa_row(const AttnParams& p, const T* q, const T* k,
+                                               const T* v, int64_t kv_begin, int64_t kv_end,
+                                               int kw, int lane, float (&smem_p)[kBc][HPW],
+                                               float (&smem_o)[HPW][D], float (&smem_lse)[HPW]) {
+  constexpr int G = D / 8;        // lanes per K or V row
+  constexpr int KPI = kWarp / G;  // rows per load instruction: 2 (D = 128) or 4 (D = 64)
+  constexpr int R = G / HPW;      // loads per chunk of G partial sums
+  static_assert(R >= 1 && R * HPW == G, "HPW divides D/8");
+  const int c = lane % G, g = lane / G;
+
+  float qr[HPW][8];  // this lane's slice of each head's query, times the scale
+#pragma unroll
+  for (int hh = 0; hh < HPW; ++hh) {
+    load_as_float<8>(q + hh * p.q_head_stride + 8 * c, qr[hh]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) qr[hh][e] *= p.scale;
+  }
+
+  float m_lane = -INFINITY, l_lane = 0.0f;  // head c % HPW: running max, this lane's part of l
+  float acc[HPW][8] = {};  // O of every head over elements [8c, 8c + 8), keys of group g
+  for (int64_t kv_tile = kv_begin + kw * kBc; kv_tile < kv_end; kv_tile += KW * kBc) {
+    // Scores. A key past kv_end reads the last visible row and is masked to -inf.
+    float s[HPW];
+#pragma unroll
+    for (int ch = 0; ch < HPW; ++ch) {
+      float part[G];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t j = kv_tile + (ch * R + r) * KPI + g;
+        float k8[8];
+        load_as_float<8>(k + min(j, kv_end - 1) * p.k_seq_stride + 8 * c, k8);
+#pragma unroll
+        for (int hh = 0; hh < HPW; ++hh) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dot = fmaf(qr[hh][e], k8[e], dot);
+          part[r * HPW + hh] = dot;
+        }
+      }
+      s[ch] = transpose_sum<G / 2>(part, c);
+      if (kv_tile + (ch * R + c / HPW) * KPI + g >= kv_end) s[ch] = -INFINITY;
+    }
+
+    // Online softmax of head c % HPW: the maximum over its lanes, P into shared memory.
+    float tile_max = s[0];
+#pragma unroll
+    for (int ch = 1; ch < HPW; ++ch) tile_max = fmaxf(tile_max, s[ch]);
+#pragma unroll
+    for (int offset = HPW; offset < kWarp; offset *= 2)
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, offset));
+    const float m_new = fmaxf(m_lane, tile_max);  // finite: the tile has a visible key
+    const float alpha = exp2f(m_lane - m_new);     // 0 on the first tile (m = -inf)
+    __syncwarp();                                  // every lane has read the previous tile's P
+    float p_sum = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < HPW; ++ch) {
+      const float p_j = exp2f(s[ch] - m_new);  // 0 when masked
+      smem_p[(ch * R + c / HPW) * KPI + g][c % HPW] = p_j;
+      p_sum += p_j;
+    }
+    l_lane = l_lane * alpha + p_sum;
+    m_lane = m_new;
+    __syncwarp();
+
+    // P.V with the same lane groups: lane (g, c) takes keys g, g + KPI, ... of the tile.
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh) {
+      const float a = __shfl_sync(kFullMask, alpha, hh);  // lane hh holds head hh
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[hh][e] *= a;
+    }
+#pragma unroll
+    for (int t = 0; t < G; ++t) {
+      const int jj = t * KPI + g;
+      float v8[8];
+      load_as_float<8>(v + min(kv_tile + jj, kv_end - 1) * p.v_seq_stride + 8 * c, v8);
+#pragma unroll
+      for (int hh = 0; hh < HPW; ++hh) {
+        const float p_j = smem_p[jj][hh];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[hh][e] = fmaf(p_j, v8[e], acc[hh][e]);
+      }
+    }
+  }
+
+  // Finish the sums (l over a head's lanes, O over the KPI key groups), normalise and publish:
+  // lane hh holds head hh's m and l. An empty row or split has l = 0: O = 0 and LSE = -inf.
+#pragma unroll
+  for (int offset = HPW; offset < kWarp; offset *= 2)
+    l_lane += __shfl_xor_sync(kFullMask, l_lane, offset);
+#pragma unroll
+  for (int offset = G; offset < kWarp; offset *= 2)
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[hh][e] += __shfl_xor_sync(kFullMask, acc[hh][e], offset);
+  float inv_l[HPW];
+#pragma unroll
+  for (int hh = 0; hh < HPW; ++hh) {
+    const float l_h = __shfl_sync(kFullMask, l_lane, hh);
+    inv_l[hh] = l_h > 0.0f ? 1.0f / l_h : 0.0f;
+  }
+  if (g == 0)
+#pragma unroll
+    for (int hh = 0; hh < HPW; ++hh)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) smem_o[hh][8 * c + e] = acc[hh][e] * inv_l[hh];
+  if (lane < HPW) smem_lse[lane] = l_lane > 0.0f ? (m_lane + log2f(l_lane)) * kLn2 : -INFINITY;
+}
+
+// Resident CTAs per SM asked of the compiler, for the persistent loop's live values: GQA 3 (4
+// heads per warp; 4 CTAs would spill), 4 or 2; 8 warp rows 4 (D = 128) or 3; key warps 6.
+constexpr int min_ctas_per_sm(int hpw, int kw, int d) {
+  return hpw == 1 ? (kw > 1 ? 6 : d == 128 ? 4 : 3) : hpw == 4 ? 3 : hpw == 8 ? 2 : 4;
+}
+
+// Shared memory of a CTA of Br warp rows of HPW heads, KW key warps each.
+template <int D, int Br, int HPW, int KW>
+struct Smem {
+  static constexpr int kRows = Br * HPW;  // packed query rows of the CTA
+  float q[HPW > 1 ? 1 : Br * KW][D];      // [warps][D]: each warp's query row, fp32 (HPW = 1)
+  float p[HPW > 1 ? KW : 1][kBc][HPW];    // [KW][Bc][HPW]: each key warp's P tile (HPW > 1)
+  float o[KW][kRows][D];                  // [KW][rows][D]: each key warp's output rows
+  float row_lse[KW][kRows];               // [KW][rows]: their LSEs
+};
+
+// One work item: the CTA's packed query rows of kv head h_kv (row r: query position r / group,
+// head h_kv * group + r % group) over the keys of split split_idx. A warp row is a position and
+// HPW heads; its KW key warps share the tiles and leave normalised rows and LSEs to be merged.
+template <typename T, int D, int Br, int HPW, int KW>
+__device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArgs& split, int64_t b,
+                                             int64_t h_kv, int64_t q_block, int split_idx,
+                                             int warp, int lane, Smem<D, Br, HPW, KW>& sm) {
+  constexpr int E = D / kWarp, kRowsPerWarpRow = HPW, kRows = Br * HPW;
+  const int rw = warp / KW, kw = warp % KW;  // this warp's row and its share of the keys
+  // Packed rows in 32 bits (make_launch keeps them under 2^31): a 64-bit division by a runtime
+  // value is a software routine of tens of instructions.
+  const unsigned group = static_cast<unsigned>(p.hq / p.hkv);
+  const unsigned rows = static_cast<unsigned>(p.sq) * group;  // packed rows per (batch, kv head)
+  const unsigned row0 = static_cast<unsigned>(q_block) * kRows;
+  // The last query block may be partial. Without key warps its extra warps leave at once (only
+  // __syncwarp() follows); with them they read a valid row's q, see no keys, and store nothing.
+  const bool row_valid = row0 + rw * HPW < rows;
+  if (KW == 1 && !row_valid) return;
+  const unsigned r = row_valid ? row0 + rw * HPW : rows - HPW;  // this warp row's first row
+  const int64_t i = r / group, h0 = h_kv * group + r % group;  // its query position, first head
+  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_seq_stride
+               + h0 * p.q_head_stride;  // [HPW][D], head stride q_head_stride
+  const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
+
+  // Keys this row may see: all of them, or with the bottom-right causal mask the first
+  // i + (Sk - Sq) + 1 (none when that is <= 0: the row is empty); this CTA takes those in its
+  // split, [kv_begin, kv_end), which may be empty.
+  const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
+  const int64_t kv_begin = split_idx * split.keys_per_split;
+  const int64_t kv_end = row_valid ? min(n_keys, kv_begin + split.keys_per_split) : kv_begin;
+  // A row's result: the answer when there is one split, else this split's part for the merge.
+  const int64_t n_rows = p.b * p.hq * p.sq;
+  auto store_row = [&](unsigned i, int64_t h, const float (&o_row)[E], float lse) {
+    const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE's and partials' index
+    if (split.num_splits == 1) {
+      T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride
+             + h * p.o_head_stride;  // [D]
+      store_from_float<E>(o + lane * E, o_row);
+      if (p.lse != nullptr && lane == 0) p.lse[row] = lse;
+    } else {
+      store_floats<E>(split.o_partial + (split_idx * n_rows + row) * D + lane * E, o_row);
+      if (lane == 0) split.lse_partial[split_idx * n_rows + row] = lse;
+    }
+  };
+  if constexpr (HPW > 1) {
+    attend_gqa_row<T, D, HPW, KW>(p, q, k, v, kv_begin, kv_end, kw, lane, sm.p[kw],
+                                  *reinterpret_cast<float(*)[HPW][D]>(sm.o[kw][rw * HPW]),
+                                  *reinterpret_cast<float(*)[HPW]>(&sm.row_lse[kw][rw * HPW]));
+  } else {
+    float m, l, o_acc[E] = {};
+    attend_row<T, D, KW>(p, q, k, v, kv_begin, kv_end, kw, lane, sm.q[warp], m, l, o_acc);
+    // Normalise. An empty row or split has l = 0: O = 0 and LSE = -inf.
+    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_acc[e] *= inv_l;
+    const float lse = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+    if constexpr (KW == 1) return store_row(i, h0, o_acc, lse);  // the warp's row is its own
+    store_floats<E>(&sm.o[kw][rw][lane * E], o_acc);  // else leave it for the merge
+    if (lane == 0) sm.row_lse[kw][rw] = lse;
+  }
+  // A warp stores rows it computed; with key warps, rows hold parts from every warp of the CTA.
+  if constexpr (KW == 1) __syncwarp();
+  else __syncthreads();
+
+  // Merge the key warps' parts of each row by their LSEs, as splits are merged, and store it.
+  // Warp (rw, kw) takes rows kw, kw + KW, ... of its warp row, all merged first, then stored.
+  constexpr int kRowsPerWarp = (kRowsPerWarpRow + KW - 1) / KW;
+  float o_row[kRowsPerWarp][E], lse[kRowsPerWarp];
+#pragma unroll
+  for (int t = 0; t < kRowsPerWarp; ++t) {
+    if (kw + KW * t >= kRowsPerWarpRow) break;  // a warp row with fewer rows than key warps
+    const int rr = rw * kRowsPerWarpRow + kw + KW * t;
+    float lse_w[KW], m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < KW; ++w) lse_w[w] = sm.row_lse[w][rr], m_all = fmaxf(m_all, lse_w[w]);
+    const float shift = m_all == -INFINITY ? 0.0f : m_all;
+    float sum_w = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_row[t][e] = 0.0f;
+#pragma unroll
+    for (int w = 0; w < KW; ++w) {
+      const float weight = expf(lse_w[w] - shift);  // 0 for a warp that saw no key
+      sum_w += weight;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_row[t][e] += weight * sm.o[w][rr][lane * E + e];
+    }
+    const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_row[t][e] *= inv;
+    lse[t] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+  }
+#pragma unroll
+  for (int t = 0; t < kRowsPerWarp; ++t) {
+    const unsigned r = row0 + rw * kRowsPerWarpRow + kw + KW * t;
+    if (kw + KW * t >= kRowsPerWarpRow || r >= rows) break;  // past the last row (and the rest)
+    store_row(r / group, h_kv * group + r % group, o_row[t], lse[t]);
+  }
+}
+
+// The merge of output row (b, h, i) by one warp: O = sum_s w_s O_s / sum_s w_s with w_s =
+// exp(LSE_s - max LSE), in split order (bit-identical run to run). Other SMs wrote the partials
+// during this launch: they are read through L2 (__ldcg), never from a stale L1 line.
+template <typename T, int D>
+__device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& split, int64_t b,
+                                          int64_t h, int64_t i, int lane) {
+  constexpr int E = D / kWarp;
+  const int64_t n_rows = p.b * p.hq * p.sq, row = (b * p.hq + h) * p.sq + i;
+  float m = -INFINITY;
+  for (int s = lane; s < split.num_splits; s += kWarp)
+    m = fmaxf(m, __ldcg(split.lse_partial + s * n_rows + row));
+  m = warp_max(m);
+  const float shift = m == -INFINITY ? 0.0f : m;
+
+  float sum_w = 0.0f, o_acc[E] = {};
+#pragma unroll 8  // eight splits' loads in flight, not one L2 round trip per split
+  for (int s = 0; s < split.num_splits; ++s) {
+    const float w = expf(__ldcg(split.lse_partial + s * n_rows + row) - shift);  // 0: empty split
+    float part[E];
+    load_floats_cg<E>(split.o_partial + (s * n_rows + row) * D + lane * E, part);
+    sum_w += w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_acc[e] += w * part[e];
+  }
+  const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o_acc[e] *= inv;
+  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
+  store_from_float<E>(o + lane * E, o_acc);
+  if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+}
+
+// grid = min(work items, resident CTAs), block Br * KW warps. Each CTA loops over work items.
+template <typename T, int D, int Br, int HPW, int KW>
+__global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
+    attention_kernel(const AttnParams p, const SplitArgs split) {
+  constexpr int kRows = Br * HPW, kRowsPerWarpRow = HPW, kRowsPerWarp = (HPW + KW - 1) / KW;
+  __shared__ __align__(16) Smem<D, Br, HPW, KW> sm;
+  __shared__ unsigned s_item;
+  __shared__ bool s_last;
+  // The warp index, broadcast from lane 0 so that the compiler knows it is warp-uniform (see 01).
+  const int warp = __shfl_sync(kFullMask, static_cast<int>(threadIdx.x / kWarp), 0);
+  const int lane = threadIdx.x % kWarp;
+  // Items in 32 bits (make_launch keeps them under 2^31): a 64-bit division is a long routine.
+  const unsigned n_splits = split.num_splits, n_hkv = static_cast<unsigned>(p.hkv);
+  const unsigned n_q = static_cast<unsigned>(split.q_blocks), n_b = static_cast<unsigned>(p.b);
+  const unsigned n_items = n_q * n_hkv * n_b * n_splits;
+  const bool queue = gridDim.x < n_items;  // else one item per CTA, and no queue
+  for (unsigned item = blockIdx.x; item < n_items;) {
+    // 0. Ask for the next item now: the atomic's round trip overlaps this item's work.
+    unsigned next = n_items;
+    if (queue && threadIdx.x == 0)
+      next = gridDim.x + static_cast<unsigned>(atomicAdd(split.next_item, 1ull));
+
+    // 1. Decode the item: splits fastest; without a mask query blocks next (CTAs running at once
+    //    share K and V tiles in L2); causal, query blocks last, the longest (latest) first.
+    const int split_idx = static_cast<int>(item % n_splits);
+    const unsigned rest = item / n_splits;
+    const unsigned radix0 = p.causal ? n_hkv : n_q, radix1 = p.causal ? n_b : n_hkv;
+    const unsigned x0 = rest % radix0, x1 = rest / radix0 % radix1, x2 = rest / radix0 / radix1;
+    const int64_t h_kv = p.causal ? x0 : x1, b = p.causal ? x1 : x2, q_rank = p.causal ? x2 : x0;
+    const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
+    attend_block<T, D, Br, HPW, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, sm);
+
+    // 2. Fused merge: the CTA whose arrival completes the block's count merges the block and
+    //    sets the count back to zero for the next launch.
+    if (split.num_splits > 1) {
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        int* arrival = split.arrivals + (b * p.hkv + h_kv) * split.q_blocks + q_block;
+        s_last = atomicAdd(arrival, 1) == split.num_splits - 1;
+        if (s_last) *arrival = 0;
+      }
+      __syncthreads();
+      if (s_last) {
+        __threadfence();  // order the partial reads after the other CTAs' arrivals
+        const unsigned group = static_cast<unsigned>(p.hq / p.hkv);
+        const unsigned rows = static_cast<unsigned>(p.sq) * group;
+        const int rw = warp / KW, kw = warp % KW;  // each warp merges the rows it stored
+#pragma unroll
+        for (int t = 0; t < kRowsPerWarp; ++t) {
+          const unsigned r = static_cast<unsigned>(q_block) * kRows + rw * kRowsPerWarpRow
+                             + kw + KW * t;
+          if (kw + KW * t >= kRowsPerWarpRow || r >= rows) break;
+          merge_row<T, D>(p, split, b, h_kv * group + r % group, r / group, lane);
+        }
+      }
+    }
+    if (!queue) break;
+
+    // 3. The next item: a barrier publishes the fetch, a second guards s_item and shared memory.
+    if (threadIdx.x == 0) s_item = next;
+    __syncthreads();
+    item = s_item;
+    __syncthreads();
+  }
+  // 4. The last CTA to find the queue empty resets it: every other CTA has made its last fetch.
+  if (queue && threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(split.exited, 1u) == gridDim.x - 1) *split.next_item = 0, *split.exited = 0;
+  }
+}
+
+using Kernel = void (*)(AttnParams, SplitArgs);
+
+template <typename T, int D>
+Kernel select_kernel(int hpw, bool key_warps) {
+  switch (hpw) {
+    case 8: return attention_kernel<T, D, 1, 8, kKeyWarps>;
+    case 4: return attention_kernel<T, D, 1, 4, kKeyWarps>;
+    case 2: return attention_kernel<T, D, 1, 2, kKeyWarps>;
+    default:
+      return key_warps ? attention_kernel<T, D, kBr / kKeyWarps, 1, kKeyWarps>
+                       : attention_kernel<T, D, kBr, 1, 1>;
+  }
+}
+
+// Heads per warp row: the largest of 8, 4, 2, 1 that divides the GQA group. With grouping, one
+// warp row of kKeyWarps warps per CTA, so that decode's few rows still spread over many CTAs.
+// Without it, 8 warp rows of one warp as in 01, or (key_warps) 2 rows of 4 warps: 4x the CTAs.
+Kernel select_kernel(const AttnParams& p, bool key_warps, int* br, int* hpw, int* kw) {
+  const int64_t group = p.hq / p.hkv;
+  *hpw = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+  *br = *hpw > 1 ? 1 : key_warps ? kBr / kKeyWarps : kBr;
+  *kw = *hpw > 1 || key_warps ? kKeyWarps : 1;
+  if (p.dtype == DType::f16)
+    return p.d == 64 ? select_kernel<__half, 64>(*hpw, key_warps)
+                     : select_kernel<__half, 128>(*hpw, key_warps);
+  return p.d == 64 ? select_kernel<__nv_bfloat16, 64>(*hpw, key_warps)
+                   : select_kernel<__nv_bfloat16, 128>(*hpw, key_warps);
+}
+
+// How many key ranges: none unless the grid would leave the GPU part-empty; then as many as fit
+// one wave of persistent CTAs (an item's fixed costs are paid once per CTA), up to max_splits.
+int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits) {
+  if (ctas_without_split * 10 >= slots * 8) return 1;  // >= 80% of one wave: splitting buys little
+  max_splits = std::min<int64_t>(kMaxSplits, max_splits);
+  return static_cast<int>(std::max<int64_t>(1, std::min(max_splits, slots / ctas_without_split)));
+}
+
+struct Launch {
+  int br = kBr;            // warp rows per CTA
+  int hpw = 1;             // query heads per warp row (GQA packing)
+  int kw = 1;              // key warps per warp row
+  int ctas_per_sm = 0;     // resident CTAs per SM
+  int64_t slots = 0;       // ctas_per_sm * SMs
+  SplitArgs split;         // num_splits, keys_per_split, q_blocks (pointers filled at launch)
+  int64_t items = 0;       // work items: q_blocks * Hkv * B * num_splits
+  int64_t ctas = 0;        // persistent CTAs: min(items, slots)
+  int sm_count = 0;        // SMs of the device (sizes the counters in the workspace)
+  Kernel kernel = nullptr;
+};
+
+Status make_launch(const AttnParams& p, Launch* out) {
+  const DeviceInfo* device = nullptr;
+  ATTN_TRY(current_device(&device));
+  auto configure = [&](bool key_warps, Launch* c) -> Status {
+    c->kernel = select_kernel(p, key_warps, &c->br, &c->hpw, &c->kw);
+    c->split.q_blocks = (p.sq * (p.hq / p.hkv) + c->br * c->hpw - 1) / (c->br * c->hpw);
+    ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(c->kernel), c->br * c->kw * kWarp,
+                                  0, &c->ctas_per_sm));
+    c->ctas_per_sm = std::min(c->ctas_per_sm, kMaxCtasPerSm);  // as the counters assume
+    c->slots = static_cast<int64_t>(c->ctas_per_sm) * device->sm_count;
+    return Status::Ok();
+  };
+  // Without GQA packing, 8 rows per CTA or key warps, whichever should finish first: the rounds
+  // (waves) of CTAs, ceil(CTAs / slots), times a round, in which a warp walks Sk / KW keys and
+  // shares its SM with ctas_per_sm * Br * KW warps. Key warps must win by 15%, for their merge.
+  Launch l;
+  ATTN_TRY(configure(true, &l));
+  if (l.hpw == 1) {
+    Launch rows;
+    ATTN_TRY(configure(false, &rows));
+    auto round_cost = [&](const Launch& c) {
+      const int64_t ctas = c.split.q_blocks * p.hkv * p.b, rounds = (ctas + c.slots - 1) / c.slots;
+      return static_cast<double>(rounds) * p.sk / c.kw * c.ctas_per_sm * c.br * c.kw;
+    };
+    if (round_cost(l) >= 0.85 * round_cost(rows)) l = rows;
+  }
+  // At most kv_tiles / KW splits (a tile for every key warp), of whole tiles, recounted so that
+  // no split is empty by construction.
+  const int64_t kv_tiles = (p.sk + kBc - 1) / kBc, unsplit = l.split.q_blocks * p.hkv * p.b;
+  const int splits = choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, kv_tiles / l.kw));
+  l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
+  l.split.num_splits = static_cast<int>((p.sk - 1) / l.split.keys_per_split + 1);
+  l.items = unsplit * l.split.num_splits;
+  constexpr int64_t kMax32 = int64_t{1} << 31;  // the kernel counts items and rows in 32 bits
+  if (l.items >= kMax32 || p.sq * p.hq >= kMax32)
+    return Status::Error(std::string(kStageName) + ": work items (" + std::to_string(l.items) +
+                         ") and Sq * Hq (" + std::to_string(p.sq * p.hq) + ") must be under 2^31");
+  l.ctas = std::min(l.items, l.slots);
+  l.sm_count = device->sm_count;
+  *out = l;
+  return Status::Ok();
+}
+
+// Workspace: [counters][o_partial][lse_partial], 256-byte aligned. The counters take the same
+// bytes for any shape (a split launch has fewer query blocks than slots): zeros left serve all.
+struct WorkspaceLayout {
+  size_t o_partial = 0, lse_partial = 0, total = 0;  // byte offsets; the counters are at 0
+};
+
+WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
+  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
+  const size_t splits = l.split.num_splits > 1 ? static_cast<size_t>(l.split.num_splits) : 0;
+  WorkspaceLayout w;
+  w.o_partial = align(sizeof(unsigned long long) + sizeof(unsigned) +
+                      static_cast<size_t>(kMaxCtasPerSm) * l.sm_count * sizeof(int));
+  w.lse_partial = w.o_partial + align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
+  w.total = w.lse_partial + align(splits * rows * sizeof(float));
+  return w;
+}
+
+size_t workspace_bytes(const AttnParams& p) {
+  Launch l;
+  return make_launch(p, &l).ok() ? layout_for(p, l).total : 0;
+}
+
+Status plan(const AttnParams& p, LaunchPlan* out) {
+  Launch l;
+  ATTN_TRY(make_launch(p, &l));
+  out->grid = dim3(static_cast<unsigned>(l.ctas));
+  out->block = dim3(l.br * l.kw * kWarp);
+  out->dynamic_smem_bytes = 0;
+  out->kernel = reinterpret_cast<const void*>(l.kernel);
+  out->notes = std::to_string(l.ctas) + " CTAs over " + std::to_string(l.items) + " items, " +
+               std::to_string(l.split.num_splits) + " splits, KW=" + std::to_string(l.kw);
+  return Status::Ok();
+}
+
+Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
+  ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, 0));  // parameters and GPU, before the plan
+  Launch l;
+  ATTN_TRY(make_launch(p, &l));
+  const WorkspaceLayout w = layout_for(p, l);
+  ATTN_TRY(check_workspace(kStageName, ws, w.total));
+  AttnParams kp = p;
+  // Scores in log2 units: exp(x) = exp2(x * log2(e)), and exp2f is one MUFU.EX2 instruction.
+  kp.scale = effective_scale(p) * kLog2e;
+  char* base = static_cast<char*>(ws.ptr);
+  SplitArgs split = l.split;
+  split.o_partial = reinterpret_cast<float*>(base + w.o_partial);
+  split.lse_partial = reinterpret_cast<float*>(base + w.lse_partial);
+  split.next_item = reinterpret_cast<unsigned long long*>(base);
+  split.exited = reinterpret_cast<unsigned*>(base + sizeof(unsigned long long));
+  split.arrivals = reinterpret_cast<int*>(base + sizeof(unsigned long long) + sizeof(unsigned));
+  l.kernel<<<static_cast<unsigned>(l.ctas), l.br * l.kw * kWarp, 0, stream>>>(kp, split);
+  return check_launch(kStageName);
+}
+
+}  // namespace
+
+StageInfo stage_03_persistent() {
+  StageInfo s;
+  s.name = kStageName;
+  s.description = "persistent CTAs pull work items from a queue, longest first; merge fused";
+  s.min_sm = kMinSm;
+  s.launch = launch;
+  s.plan = plan;
+  s.workspace_bytes = workspace_bytes;
+  s.bench_max_seq = 4096;  // still CUDA cores: ~90 ms a launch at S = 4096
+  return s;
+}
+
+}  // namespace attn

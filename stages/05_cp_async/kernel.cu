@@ -1,0 +1,599 @@
+// Fast attention, one idea at a time:
+//   01 naive -> 02 kv_split -> 03 persistent -> 04 wmma -> 05 cp_async -> 06 warp_specialized
+//
+// Stage 05 extends 04 with loads that overlap compute: K and V tiles come by cp.async into a
+// ring of two shared-memory stages, tile j+1 in flight while tile j is computed. No second CTA
+// per SM is then needed to hide the loads: at D = 128 the 8-warp CTA runs alone, without a
+// register bound, and keeps Q's fragments in registers.
+// What every stage computes: docs/contract.md. Why this stage: notebooks_md/05_cp_async.md.
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include <mma.h>
+
+#include "device.h"
+#include "dtype.cuh"
+#include "fragment.cuh"
+#include "params.h"
+#include "stage.h"
+#include "warp.cuh"
+
+namespace attn {
+namespace {
+
+constexpr const char* kStageName = "05_cp_async";
+constexpr int kMinSm = 80;
+constexpr int kBc = 64;          // keys per K/V tile: one step of the online softmax
+constexpr int kKeyWarps = 4;     // key warps of the small CTA, all on the same 16 rows
+constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
+constexpr int kMaxCtasPerSm = 32;  // the hardware's limit of resident CTAs per SM
+constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q block and its share of the merge
+constexpr int kPad = 8;   // elements of padding per 16-bit row: 16 bytes, 4 banks
+constexpr int kPadF = 4;  // the same 16 bytes for fp32 rows
+constexpr int kStages = 2;  // K/V tiles in flight: the one computed and the next
+namespace wmma = nvcuda::wmma;
+
+// Where the CTAs of one (batch, kv head, query block) put their partial results.
+struct SplitArgs {
+  int num_splits = 1;            // key ranges per (batch, kv head, query block)
+  int64_t keys_per_split = 0;    // a multiple of Bc
+  float* o_partial = nullptr;    // [num_splits][B*Hq*Sq][D] fp32, normalised within the split
+  float* lse_partial = nullptr;  // [num_splits][B*Hq*Sq], -inf where the split saw no key
+  int64_t q_blocks = 0;          // query blocks per (batch, kv head)
+  unsigned long long* next_item = nullptr;  // items taken from the queue (0 between launches)
+  unsigned* exited = nullptr;    // CTAs that found the queue empty (0 between launches)
+  int* arrivals = nullptr;       // [B][Hkv][q_blocks] splits finished (0 between launches)
+};
+
+// Warps of the large CTA, each on 16 rows and every key of a tile.
+constexpr int large_warps(int) { return 8; }
+
+// Shared memory of a CTA of Warps warps, KW of them on each 16-row block. Rows are padded by 16
+// bytes, so the 8 rows one phase of a fragment load (ldmatrix) reads start in 8 different groups
+// of 4 banks; rows of D elements (a multiple of 128 bytes) would all start in the same 4 banks.
+template <typename T, int D, int Warps, int KW>
+struct Smem {
+  static constexpr int kRows = 16 * Warps / KW;  // packed query rows of the CTA
+  T q[kRows][D + kPad];                          // [rows][D]: the CTA's query rows
+  union {
+    struct {
+      T k[kStages][kBc][D + kPad];   // [stage][Bc][D]: the ring of K tiles
+      T v[kStages][kBc][D + kPad];   // [stage][Bc][D]: the ring of V tiles
+    } kv;
+    float o[KW][kRows][D + kPadF];  // [KW][rows][D]: each key warp's output rows, after the tiles
+  };
+  float row_lse[KW][kRows];         // [KW][rows]: their LSEs
+};
+
+// Start copying rows of D elements into a shared-memory tile with cp.async, with load_tile's map
+// in 04. Row r comes from src_row(r), or is zero-filled when that is null (zeros keep P.V finite;
+// a zero-fill reads nothing, from a valid address: any_valid). Nothing waits here.
+template <int Threads, typename T, int D, int Rows, typename RowFn>
+__device__ __forceinline__ void load_tile_async(T (&tile)[Rows][D + kPad], const T* any_valid,
+                                                RowFn src_row) {
+  constexpr int kChunks = D / 8, kRowStep = Threads / kChunks;  // 16-byte pieces per row
+  static_assert(Threads % kChunks == 0 && Rows % kRowStep == 0, "the same pieces per thread");
+  const int piece = threadIdx.x % kChunks;
+#pragma unroll
+  for (int r = threadIdx.x / kChunks; r < Rows; r += kRowStep) {
+    const T* src = src_row(r);
+    cp_async16(&tile[r][piece * 8], (src != nullptr ? src : any_valid) + piece * 8,
+               src != nullptr ? 16 : 0);
+  }
+}
+
+// Resident CTAs per SM asked of the compiler: none at D = 128 (1 large CTA per SM); at D = 64,
+// where a tile holds half the products and hides less of a load, 2 large and 3 small.
+constexpr int min_ctas_per_sm(int warps, int d) { return d != 64 ? 0 : warps == kKeyWarps ? 3 : 2; }
+
+// One work item: the CTA's packed query rows of kv head h_kv (row r is query position r / group
+// of head h_kv * group + r % group) over the keys of split split_idx. Warp w computes rows
+// [16 rw, 16 rw + 16), rw = w / KW; key warp kw = w % KW takes keys [kw Bc/KW, (kw + 1) Bc/KW) of
+// every tile and leaves its rows, normalised, and their LSEs in shared memory, merged at the end.
+template <typename T, int D, int Warps, int KW>
+__device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArgs& split, int64_t b,
+                                             int64_t h_kv, int64_t q_block, int split_idx,
+                                             int warp, int lane, Smem<T, D, Warps, KW>& sm) {
+  constexpr int E = D / kWarp, kRowsPerWarpRow = 16, kRows = 16 * Warps / KW;
+  constexpr int kThreads = Warps * kWarp, kKeyFrags = kBc / 16 / KW;  // 16-key fragments per warp
+  const int rw = warp / KW, kw = warp % KW;  // this warp's 16 rows and its share of the keys
+  const int key0 = kw * (kBc / KW);          // its first key in a tile
+  const FragMap map{lane};
+  // Packed rows in 32 bits (make_launch keeps them under 2^31): a 64-bit division by a runtime
+  // value is a software routine of tens of instructions.
+  const unsigned group = static_cast<unsigned>(p.hq) / static_cast<unsigned>(p.hkv);
+  const unsigned rows = static_cast<unsigned>(p.sq) * group;  // packed rows per (batch, kv head)
+  const unsigned row0 = static_cast<unsigned>(q_block) * kRows;
+  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
+
+  // Keys a row may see (all, or with the bottom-right causal mask the first i + (Sk - Sq) + 1) in
+  // this split. The block needs keys up to the end of its last row (with the mask, the longest).
+  auto row_end = [&](unsigned r) {
+    const int64_t i = r / group;
+    const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
+    return min(n_keys, (split_idx + 1) * split.keys_per_split);
+  };
+  const int64_t kv_begin = split_idx * split.keys_per_split;
+  const int64_t block_end = row_end(min(row0 + kRows, rows) - 1);
+  // Tiles ending by the first row's last key (the fewest, with the mask) need no mask test.
+  const int64_t unmasked_end = kv_begin + max(int64_t{0}, row_end(row0) - kv_begin) / kBc * kBc;
+  // A row's result: the answer when there is one split, else this split's part for the merge.
+  const int64_t n_rows = p.b * p.hq * p.sq;
+  auto store_row = [&](unsigned i, int64_t h, const float (&o_row)[E], float lse) {
+    const int64_t row = (b * p.hq + h) * p.sq + i;  // canonical row: LSE's and partials' index
+    if (split.num_splits == 1) {
+      T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride
+             + h * p.o_head_stride;  // [D]
+      store_from_float<E>(o + lane * E, o_row);
+      if (p.lse != nullptr && lane == 0) p.lse[row] = lse;
+    } else {
+      store_floats<E>(split.o_partial + (split_idx * n_rows + row) * D + lane * E, o_row);
+      if (lane == 0) split.lse_partial[split_idx * n_rows + row] = lse;
+    }
+  };
+  // A thread keeps the running max m of its two rows' raw scores (shared by a quad) and its part
+  // of their sums l. A negative scale goes onto Q (a sign flip), so that P = exp2(s * scale -
+  // m * scale) is one FFMA and one EX2. Padding rows take every key: finite, and never stored.
+  int64_t end[2];
+  float m[2], l[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const unsigned r = row0 + rw * 16 + map.row(h);
+    end[h] = r < rows ? row_end(r) : block_end;
+    m[h] = -INFINITY, l[h] = 0.0f;
+  }
+  auto q_row = [&](int r) -> const T* {  // row r of the Q block, null past the last
+    if (row0 + r >= rows) return nullptr;
+    const unsigned i = (row0 + r) / group;
+    const unsigned h = static_cast<unsigned>(h_kv) * group + (row0 + r) % group;
+    return q + i * p.q_seq_stride + h * p.q_head_stride;
+  };
+
+  // Start the Q block (zeros past the last row; cp.async group 0) and the first K/V tile (group
+  // 1). Wait for Q alone, then load this warp's Q fragments (sign-flipped for a negative scale)
+  // while the tile lands. Tile t goes to ring stage t % 2.
+  load_tile_async<kThreads, T, D, kRows>(sm.q, k, q_row);
+  cp_async_commit();
+  auto issue_tile = [&](int64_t kv_tile, int stage) {  // rows past block_end are zero-filled
+    const T* k_tile = k + kv_tile * p.k_seq_stride;
+    const T* v_tile = v + kv_tile * p.v_seq_stride;
+    const int64_t valid = block_end - kv_tile;
+    load_tile_async<kThreads, T, D, kBc>(sm.kv.k[stage], k_tile, [&](int r) -> const T* {
+      return r < valid ? k_tile + r * p.k_seq_stride : nullptr;
+    });
+    load_tile_async<kThreads, T, D, kBc>(sm.kv.v[stage], v_tile, [&](int r) -> const T* {
+      return r < valid ? v_tile + r * p.v_seq_stride : nullptr;
+    });
+  };
+  if (kv_begin < block_end) issue_tile(kv_begin, 0);
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+  const bool warp_active = row0 + rw * 16 < rows;  // warp-uniform: skip blocks of padding rows
+  FragA<T> q_frag[D / 16];
+  FragAcc o_frag[D / 16];
+#pragma unroll
+  for (int d = 0; d < D / 16; ++d) {
+    load_fragment(q_frag[d], &sm.q[rw * 16][d * 16], D + kPad);
+    wmma::fill_fragment(o_frag[d], 0.0f);
+    if (p.scale < 0.0f)
+#pragma unroll
+      for (int e = 0; e < q_frag[d].num_elements; ++e)
+        q_frag[d].x[e] = from_bits<T>(to_bits(q_frag[d].x[e]) ^ 0x8000u);
+  }
+  const float scale = fabsf(p.scale);  // log2 units (the launch folded in log2(e))
+
+  // One step of the online softmax over keys [kv_tile, kv_tile + Bc), from ring stage stage;
+  // Masked says whether the tile reaches past some row's last key.
+  auto attend_tile = [&](int64_t kv_tile, int stage, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
+    // 1. Put tile t+1 in flight (an empty group after the last tile keeps the count uniform),
+    //    then wait for everything but that newest group: tile t has landed. The barrier makes
+    //    every thread's copies visible to all warps.
+    if (kv_tile + kBc < block_end) issue_tile(kv_tile + kBc, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    if (warp_active) {
+      // 2. S = Q.K^T for this warp's 16 rows and keys, in kKeyFrags accumulator fragments.
+      FragAcc s_frag[kKeyFrags];
+#pragma unroll
+      for (int n = 0; n < kKeyFrags; ++n) {
+        wmma::fill_fragment(s_frag[n], 0.0f);
+#pragma unroll
+        for (int d = 0; d < D / 16; ++d) {
+          FragBt<T> kt_frag;
+          load_fragment(kt_frag, &sm.kv.k[stage][key0 + n * 16][d * 16], D + kPad);
+          wmma::mma_sync(s_frag[n], q_frag[d], kt_frag, s_frag[n]);
+        }
+      }
+
+      // 3. Online softmax of the tile, in registers. Masked scores are -inf; m_safe keeps a row
+      //    with no key yet at exp2(-inf - 0) = 0 instead of the NaN of -inf - (-inf).
+      int limit[2];  // keys of the tile each row may see
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kKeyFrags; ++n)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          if (kMasked && key0 + n * 16 + map.col(e) >= limit[half_of(e)])
+            s_frag[n].x[e] = -INFINITY;
+          tile_max[half_of(e)] = fmaxf(tile_max[half_of(e)], s_frag[n].x[e]);
+        }
+      float alpha[2], neg_m_scaled[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[h], quad_max(tile_max[h]));
+        const float m_safe = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[h] = fast_exp2((m[h] - m_safe) * scale);
+        neg_m_scaled[h] = -m_safe * scale;
+        m[h] = m_new;
+        l[h] *= alpha[h];
+      }
+#pragma unroll
+      for (int n = 0; n < kKeyFrags; ++n)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          s_frag[n].x[e] = fast_exp2(fmaf(s_frag[n].x[e], scale, neg_m_scaled[half_of(e)]));  // P
+          l[half_of(e)] += s_frag[n].x[e];
+        }
+
+      // 4. Rescale O by alpha (skipped when no row of the warp found a larger max), then O += P.V;
+      //    P's A fragments come straight from the S accumulators, rounded (see FragMap).
+      if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f))
+#pragma unroll
+        for (int d = 0; d < D / 16; ++d)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o_frag[d].x[e] *= alpha[half_of(e)];
+#pragma unroll
+      for (int kk = 0; kk < kKeyFrags; ++kk) {
+        FragA<T> p_frag;
+#pragma unroll
+        for (int e = 0; e < p_frag.num_elements; ++e)
+          p_frag.x[e] = from_float<T>(s_frag[kk].x[e % 8]);
+#pragma unroll
+        for (int d = 0; d < D / 16; ++d) {
+          FragB<T> v_frag;
+          load_fragment(v_frag, &sm.kv.v[stage][key0 + kk * 16][d * 16], D + kPad);
+          wmma::mma_sync(o_frag[d], p_frag, v_frag, o_frag[d]);
+        }
+      }
+    }
+    __syncthreads();  // the next iteration's copies overwrite this stage
+  };
+  int64_t kv_tile = kv_begin;
+  int stage = 0;
+  for (; kv_tile < unmasked_end; kv_tile += kBc, stage ^= 1)
+    attend_tile(kv_tile, stage, std::false_type{});
+  for (; kv_tile < block_end; kv_tile += kBc, stage ^= 1)
+    attend_tile(kv_tile, stage, std::true_type{});
+  cp_async_wait<0>();  // no copy may still be landing when shared memory is reused
+  __syncthreads();
+
+  // Normalise: l is the quad's sum; O /= l; LSE = m + log l. An empty row has l = 0: O = 0 and
+  // LSE = -inf. The rows go to shared memory (over the K/V ring, which the last barrier freed),
+  // each key warp in its own slot; the lane holding column 0 of its rows writes their LSE.
+  float inv_l[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] = quad_sum(l[h]);
+    inv_l[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+    const float lse = l[h] > 0.0f ? (m[h] * scale + log2f(l[h])) * kLn2 : -INFINITY;
+    if (map.col(0) == 0) sm.row_lse[kw][rw * 16 + map.row(h)] = lse;
+  }
+#pragma unroll
+  for (int d = 0; d < D / 16; ++d) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o_frag[d].x[e] *= inv_l[half_of(e)];
+    wmma::store_matrix_sync(&sm.o[kw][rw * 16][d * 16], o_frag[d], D + kPadF, wmma::mem_row_major);
+  }
+  // A warp stores rows it computed; with key warps, rows hold parts from every warp of the CTA.
+  if constexpr (KW == 1) __syncwarp();
+  else __syncthreads();
+
+  // Merge the key warps' parts of each row by their LSEs, as splits are merged, and store it.
+  // Warp (rw, kw) takes rows kw, kw + KW, ... of its warp row, all merged first, then stored.
+  constexpr int kRowsPerWarp = (kRowsPerWarpRow + KW - 1) / KW;
+  float o_row[kRowsPerWarp][E], lse[kRowsPerWarp];
+#pragma unroll
+  for (int t = 0; t < kRowsPerWarp; ++t) {
+    if (kw + KW * t >= kRowsPerWarpRow) break;  // a warp row with fewer rows than key warps
+    const int rr = rw * kRowsPerWarpRow + kw + KW * t;
+    float lse_w[KW], m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < KW; ++w) lse_w[w] = sm.row_lse[w][rr], m_all = fmaxf(m_all, lse_w[w]);
+    const float shift = m_all == -INFINITY ? 0.0f : m_all;
+    float sum_w = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_row[t][e] = 0.0f;
+#pragma unroll
+    for (int w = 0; w < KW; ++w) {
+      const float weight = expf(lse_w[w] - shift);  // 0 for a warp that saw no key
+      sum_w += weight;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o_row[t][e] += weight * sm.o[w][rr][lane * E + e];
+    }
+    const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_row[t][e] *= inv;
+    lse[t] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+  }
+#pragma unroll
+  for (int t = 0; t < kRowsPerWarp; ++t) {
+    const unsigned r = row0 + rw * kRowsPerWarpRow + kw + KW * t;
+    if (kw + KW * t >= kRowsPerWarpRow || r >= rows) break;  // past the last row (and the rest)
+    store_row(r / group, h_kv * group + r % group, o_row[t], lse[t]);
+  }
+}
+
+// The merge of output row (b, h, i) by one warp: O = sum_s w_s O_s / sum_s w_s with w_s =
+// exp(LSE_s - max LSE), in split order (bit-identical run to run). Other SMs wrote the partials
+// during this launch: they are read through L2 (__ldcg), never from a stale L1 line.
+template <typename T, int D>
+__device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& split, int64_t b,
+                                          int64_t h, int64_t i, int lane) {
+  constexpr int E = D / kWarp;
+  const int64_t n_rows = p.b * p.hq * p.sq, row = (b * p.hq + h) * p.sq + i;
+  float m = -INFINITY;
+  for (int s = lane; s < split.num_splits; s += kWarp)
+    m = fmaxf(m, __ldcg(split.lse_partial + s * n_rows + row));
+  m = warp_max(m);
+  const float shift = m == -INFINITY ? 0.0f : m;
+
+  float sum_w = 0.0f, o_acc[E] = {};
+#pragma unroll 8  // eight splits' loads in flight, not one L2 round trip per split
+  for (int s = 0; s < split.num_splits; ++s) {
+    const float w = expf(__ldcg(split.lse_partial + s * n_rows + row) - shift);  // 0: empty split
+    float part[E];
+    load_floats_cg<E>(split.o_partial + (s * n_rows + row) * D + lane * E, part);
+    sum_w += w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_acc[e] += w * part[e];
+  }
+  const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o_acc[e] *= inv;
+  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
+  store_from_float<E>(o + lane * E, o_acc);
+  if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+}
+
+// grid = min(work items, resident CTAs), block Warps warps, KW of them on each 16-row block.
+// Each CTA loops over work items.
+template <typename T, int D, int Warps, int KW>
+__global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
+    attention_kernel(const AttnParams p, const SplitArgs split) {
+  constexpr int kRows = 16 * Warps / KW, kRowsPerWarpRow = 16, kRowsPerWarp = 16 / KW;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Smem<T, D, Warps, KW>& sm = *reinterpret_cast<Smem<T, D, Warps, KW>*>(smem_raw);
+  __shared__ unsigned s_item;
+  __shared__ bool s_last;
+  // The warp index, broadcast from lane 0 so that the compiler knows it is warp-uniform (see 01).
+  const int warp = __shfl_sync(kFullMask, static_cast<int>(threadIdx.x / kWarp), 0);
+  const int lane = threadIdx.x % kWarp;
+  // Items in 32 bits (make_launch keeps them under 2^31): a 64-bit division is a long routine.
+  const unsigned n_splits = split.num_splits, n_hkv = static_cast<unsigned>(p.hkv);
+  const unsigned n_q = static_cast<unsigned>(split.q_blocks), n_b = static_cast<unsigned>(p.b);
+  const unsigned n_items = n_q * n_hkv * n_b * n_splits;
+  const bool queue = gridDim.x < n_items;  // else one item per CTA, and no queue
+  for (unsigned item = blockIdx.x; item < n_items;) {
+    // 0. Ask for the next item now: the atomic's round trip overlaps this item's work.
+    unsigned next = n_items;
+    if (queue && threadIdx.x == 0)
+      next = gridDim.x + static_cast<unsigned>(atomicAdd(split.next_item, 1ull));
+
+    // 1. Decode the item: splits fastest; without a mask query blocks next (CTAs running at once
+    //    share K and V tiles in L2); causal, query blocks last, the longest (latest) first.
+    const int split_idx = static_cast<int>(item % n_splits);
+    const unsigned rest = item / n_splits;
+    const unsigned radix0 = p.causal ? n_hkv : n_q, radix1 = p.causal ? n_b : n_hkv;
+    const unsigned x0 = rest % radix0, x1 = rest / radix0 % radix1, x2 = rest / radix0 / radix1;
+    const int64_t h_kv = p.causal ? x0 : x1, b = p.causal ? x1 : x2, q_rank = p.causal ? x2 : x0;
+    const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
+    attend_block<T, D, Warps, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, sm);
+
+    // 2. Fused merge: the CTA whose arrival completes the block's count merges the block and
+    //    sets the count back to zero for the next launch.
+    if (split.num_splits > 1) {
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        int* arrival = split.arrivals + (b * p.hkv + h_kv) * split.q_blocks + q_block;
+        s_last = atomicAdd(arrival, 1) == split.num_splits - 1;
+        if (s_last) *arrival = 0;
+      }
+      __syncthreads();
+      if (s_last) {
+        __threadfence();  // order the partial reads after the other CTAs' arrivals
+        const unsigned group = static_cast<unsigned>(p.hq / p.hkv);
+        const unsigned rows = static_cast<unsigned>(p.sq) * group;
+        const int rw = warp / KW, kw = warp % KW;  // each warp merges the rows it stored
+#pragma unroll
+        for (int t = 0; t < kRowsPerWarp; ++t) {
+          const unsigned r = static_cast<unsigned>(q_block) * kRows + rw * kRowsPerWarpRow
+                             + kw + KW * t;
+          if (kw + KW * t >= kRowsPerWarpRow || r >= rows) break;
+          merge_row<T, D>(p, split, b, h_kv * group + r % group, r / group, lane);
+        }
+      }
+    }
+    if (!queue) break;
+
+    // 3. The next item: a barrier publishes the fetch, a second guards s_item and shared memory.
+    if (threadIdx.x == 0) s_item = next;
+    __syncthreads();
+    item = s_item;
+    __syncthreads();
+  }
+  // 4. The last CTA to find the queue empty resets it: every other CTA has made its last fetch.
+  if (queue && threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(split.exited, 1u) == gridDim.x - 1) *split.next_item = 0, *split.exited = 0;
+  }
+}
+
+using Kernel = void (*)(AttnParams, SplitArgs);
+
+template <typename T, int D>
+Kernel select_kernel(bool small) {
+  return small ? attention_kernel<T, D, kKeyWarps, kKeyWarps>
+               : attention_kernel<T, D, large_warps(D), 1>;
+}
+Kernel select_kernel(const AttnParams& p, bool small) {
+  if (p.dtype == DType::f16)
+    return p.d == 64 ? select_kernel<__half, 64>(small) : select_kernel<__half, 128>(small);
+  return p.d == 64 ? select_kernel<__nv_bfloat16, 64>(small)
+                   : select_kernel<__nv_bfloat16, 128>(small);
+}
+
+// Dynamic shared memory of the kernel for p (the element type does not change it).
+template <int D>
+size_t smem_bytes(bool small) {
+  return small ? sizeof(Smem<__half, D, kKeyWarps, kKeyWarps>)
+               : sizeof(Smem<__half, D, large_warps(D), 1>);
+}
+
+// How many key ranges: none unless the grid would leave the GPU part-empty; then as many as fit
+// one wave of persistent CTAs (an item's fixed costs are paid once per CTA), up to max_splits.
+int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits) {
+  if (ctas_without_split * 10 >= slots * 8) return 1;  // >= 80% of one wave: splitting buys little
+  max_splits = std::min<int64_t>(kMaxSplits, max_splits);
+  return static_cast<int>(std::max<int64_t>(1, std::min(max_splits, slots / ctas_without_split)));
+}
+
+struct Launch {
+  int warps = 0;           // warps per CTA
+  int kw = 1;              // key warps per 16-row block
+  int rows = 0;            // packed query rows per CTA
+  size_t smem = 0;         // dynamic shared memory per CTA
+  int ctas_per_sm = 0;     // resident CTAs per SM
+  int64_t slots = 0;       // ctas_per_sm * SMs
+  SplitArgs split;         // num_splits, keys_per_split, q_blocks (pointers filled at launch)
+  int64_t items = 0;       // work items: q_blocks * Hkv * B * num_splits
+  int64_t ctas = 0;        // persistent CTAs: min(items, slots)
+  int sm_count = 0;        // SMs of the device (sizes the counters in the workspace)
+  Kernel kernel = nullptr;
+};
+
+Status make_launch(const AttnParams& p, Launch* out) {
+  const DeviceInfo* device = nullptr;
+  ATTN_TRY(current_device(&device));
+  auto configure = [&](bool small, Launch* c) -> Status {
+    c->warps = small ? kKeyWarps : large_warps(static_cast<int>(p.d));
+    c->kw = small ? kKeyWarps : 1;
+    c->rows = 16 * c->warps / c->kw;
+    c->kernel = select_kernel(p, small);
+    c->smem = p.d == 64 ? smem_bytes<64>(small) : smem_bytes<128>(small);
+    if (c->smem > device->smem_per_block_optin)
+      return Status::Error(std::string(kStageName) + " needs " + std::to_string(c->smem) +
+                           " bytes of shared memory per CTA, the device allows " +
+                           std::to_string(device->smem_per_block_optin));
+    c->split.q_blocks = (p.sq * (p.hq / p.hkv) + c->rows - 1) / c->rows;
+    ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(c->kernel), c->warps * kWarp,
+                                  c->smem, &c->ctas_per_sm));
+    c->ctas_per_sm = std::min(c->ctas_per_sm, kMaxCtasPerSm);  // as the counters assume
+    c->slots = static_cast<int64_t>(c->ctas_per_sm) * device->sm_count;
+    return Status::Ok();
+  };
+  // The large CTA when its grid fills most of one wave (80%, as for splitting); else the small one
+  // when its grid fits in one wave; else the large one (a few long items, not rounds of short).
+  Launch large, small;
+  ATTN_TRY(configure(false, &large));
+  ATTN_TRY(configure(true, &small));
+  const int64_t large_ctas = large.split.q_blocks * p.hkv * p.b;
+  const int64_t small_ctas = small.split.q_blocks * p.hkv * p.b;
+  Launch l = large_ctas * 10 >= large.slots * 8 || small_ctas > small.slots ? large : small;
+  // At most kv_tiles / kMinTilesPerSplit splits; whole tiles per split, recounted so that no
+  // split is empty by construction.
+  const int64_t kv_tiles = (p.sk + kBc - 1) / kBc, unsplit = l.split.q_blocks * p.hkv * p.b;
+  const int splits =
+      choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, kv_tiles / kMinTilesPerSplit));
+  l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
+  l.split.num_splits = static_cast<int>((p.sk - 1) / l.split.keys_per_split + 1);
+  l.items = unsplit * l.split.num_splits;
+  constexpr int64_t kMax32 = int64_t{1} << 31;  // the kernel counts items and rows in 32 bits
+  if (l.items >= kMax32 || p.sq * p.hq >= kMax32)
+    return Status::Error(std::string(kStageName) + ": work items (" + std::to_string(l.items) +
+                         ") and Sq * Hq (" + std::to_string(p.sq * p.hq) + ") must be under 2^31");
+  l.ctas = std::min(l.items, l.slots);
+  l.sm_count = device->sm_count;
+  *out = l;
+  return Status::Ok();
+}
+
+// Workspace: [counters][o_partial][lse_partial], 256-byte aligned. The counters take the same
+// bytes for any shape (a split launch has fewer query blocks than slots): zeros left serve all.
+struct WorkspaceLayout {
+  size_t o_partial = 0, lse_partial = 0, total = 0;  // byte offsets; the counters are at 0
+};
+
+WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
+  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
+  const size_t splits = l.split.num_splits > 1 ? static_cast<size_t>(l.split.num_splits) : 0;
+  WorkspaceLayout w;
+  w.o_partial = align(sizeof(unsigned long long) + sizeof(unsigned) +
+                      static_cast<size_t>(kMaxCtasPerSm) * l.sm_count * sizeof(int));
+  w.lse_partial = w.o_partial + align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
+  w.total = w.lse_partial + align(splits * rows * sizeof(float));
+  return w;
+}
+
+size_t workspace_bytes(const AttnParams& p) {
+  Launch l;
+  return make_launch(p, &l).ok() ? layout_for(p, l).total : 0;
+}
+
+Status plan(const AttnParams& p, LaunchPlan* out) {
+  Launch l;
+  ATTN_TRY(make_launch(p, &l));
+  out->grid = dim3(static_cast<unsigned>(l.ctas));
+  out->block = dim3(l.warps * kWarp);
+  out->dynamic_smem_bytes = l.smem;
+  out->kernel = reinterpret_cast<const void*>(l.kernel);
+  out->notes = std::to_string(l.ctas) + " CTAs over " + std::to_string(l.items) + " items, " +
+               std::to_string(l.split.num_splits) + " splits, KW=" + std::to_string(l.kw);
+  return Status::Ok();
+}
+
+Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
+  ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, 0));  // parameters and GPU, before the plan
+  Launch l;
+  ATTN_TRY(make_launch(p, &l));
+  const WorkspaceLayout w = layout_for(p, l);
+  ATTN_TRY(check_workspace(kStageName, ws, w.total));
+  AttnParams kp = p;
+  // Scores in log2 units: exp(x) = exp2(x * log2(e)), and exp2f is one MUFU.EX2 instruction.
+  kp.scale = effective_scale(p) * kLog2e;
+  char* base = static_cast<char*>(ws.ptr);
+  SplitArgs split = l.split;
+  split.o_partial = reinterpret_cast<float*>(base + w.o_partial);
+  split.lse_partial = reinterpret_cast<float*>(base + w.lse_partial);
+  split.next_item = reinterpret_cast<unsigned long long*>(base);
+  split.exited = reinterpret_cast<unsigned*>(base + sizeof(unsigned long long));
+  split.arrivals = reinterpret_cast<int*>(base + sizeof(unsigned long long) + sizeof(unsigned));
+  l.kernel<<<static_cast<unsigned>(l.ctas), l.warps * kWarp, l.smem, stream>>>(kp, split);
+  return check_launch(kStageName);
+}
+
+}  // namespace
+
+StageInfo stage_05_cp_async() {
+  StageInfo s;
+  s.name = kStageName;
+  s.description = "K/V tiles fetched with cp.async into a two-stage ring, overlapping compute";
+  s.min_sm = kMinSm;
+  s.launch = launch;
+  s.plan = plan;
+  s.workspace_bytes = workspace_bytes;
+  return s;
+}
+
+}  // namespace attn
