@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nsight Compute counters that explain the decode path of stages 02-06: one launch of each
+# Nsight Compute counters that explain the decode path of stages 02-07: one launch of each
 # stage's main kernel per shape (the merge kernel of 02 is not counted). Clocks as they are.
 # Usage: tools/ncu_decode.sh [shape...]   (default: decode_b8_sk32768 decode_b1_sk131072)
 set -uo pipefail

@@ -2,7 +2,7 @@
 # Nsight Compute counters that explain the tensor-core stages: one launch of each stage's main
 # kernel on a shape (default prefill_d128_s4096), matched by name (04 and 05 also launch a small
 # layout-check kernel once per process). Clocks are left as they are (--clock-control none).
-# Usage: tools/ncu_stages.sh [shape] [stage...]      (default stages: 03_persistent 04_wmma 05_cp_async 06_warp_specialized)
+# Usage: tools/ncu_stages.sh [shape] [stage...]      (default stages: 03_persistent 04_wmma 05_cp_async 06_warp_specialized 07_overlap)
 set -uo pipefail
 shape=${1:-prefill_d128_s4096}; shift || true
 stages=${*:-03_persistent 04_wmma 05_cp_async 06_warp_specialized 07_overlap}

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Draw docs/progression.png and regenerate the README's results table from one GPU's results.
 
-Reads, from --results (results/h200 by default):
+Reads, from --results (results/h100 by default):
   bench.json   the stages, from the C++ bench: `<stage>/<shape>`, context key `stage.<stage>` = idea
   peers.json   PyTorch's SDPA backends and the two ceilings, from tools/peers.py
 Both are Google Benchmark JSON (README, "Benchmark and regenerate the chart"). Either may lack stages, shapes
 or the whole file: what is missing is left out of the figure and written as "—" in the table,
 never guessed. The list of stages is whatever bench.json holds, so a new stage needs no edit here.
 
-    python3 tools/plot.py --results results/h200 --png docs/progression.png --readme README.md
+    python3 tools/plot.py --results results/h100 --png docs/progression.png --readme README.md
 
 Needs matplotlib (tools/requirements.txt; Debian's python3-matplotlib is enough) and the
 standard library.
@@ -613,8 +613,8 @@ def update_notebooks(notebooks_dir, results):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Draw the progression chart and rewrite the README results table.")
-    parser.add_argument("--results", default="results/h200",
-                        help="folder with bench.json and peers.json (default: results/h200)")
+    parser.add_argument("--results", default="results/h100",
+                        help="folder with bench.json and peers.json (default: results/h100)")
     parser.add_argument("--png", default="docs/progression.png",
                         help="figure to write (default: docs/progression.png)")
     parser.add_argument("--readme", default="README.md",
