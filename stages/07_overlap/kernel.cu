@@ -22,19 +22,17 @@
 #include "params.h"
 #include "stage.h"
 #include "tma.h"
+#include "warp.cuh"
 
 namespace attn {
 namespace {
 
 constexpr const char* kStageName = "07_overlap";
 constexpr int kMinSm = 90;
-constexpr int kWarp = 32;
 constexpr int kWarpGroup = 128;  // wgmma's unit: 4 warps
 constexpr int kCols = 64;        // elements per 128-byte swizzled row: the width of a TMA box
 constexpr int kRowBytes = kCols * 2;
 constexpr int kSmemLimit = 227 * 1024;  // shared memory a Hopper CTA may use
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kMaxSplits = 128;    // beyond this the merge costs more than the parallelism buys
 constexpr int kMaxCtasPerSm = 32;  // sizes the arrival counters (hardware limit of resident CTAs)
 constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q copy and its share of the merge
@@ -115,6 +113,7 @@ struct Item {
 };
 
 // Keys row i may see within the split ending at split_end (bottom-right causal mask).
+[[maybe_unused]]  // in the sm_90a code only
 __host__ __device__ __forceinline__ int64_t row_end(const AttnParams& p, int64_t i,
                                                     int64_t split_end) {
   const int64_t visible = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
@@ -153,6 +152,7 @@ __device__ __forceinline__ Item decode_item(const AttnParams& p, const Work& w, 
 // that is a multiple of the pattern's period gives each CTA the same block every round (the
 // longest to some, the shortest to others); zig-zag, a CTA's long item in one round is followed
 // by a short one in the next, whatever the period.
+[[maybe_unused]]  // in the sm_90a code only
 __device__ __forceinline__ unsigned item_of_round(unsigned round) {
   return round * gridDim.x + ((round & 1) != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
 }
@@ -201,24 +201,6 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
     load(it.n_tiles - 1, sm.v_full, sm.v_empty, &maps.v, sm.v);
     kv_uses += it.n_tiles;
   }
-}
-
-// Sum over the 4 lanes of a quad, which share an accumulator row.
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-// 2^x in one MUFU.EX2 (ex2.approx.ftz: 2 ulp, ex2(-inf) = 0).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2)
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
 }
 
 // The merge of one output row by one warp, as in 03-05: split s holds O_s (normalised over its
