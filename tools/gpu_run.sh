@@ -9,8 +9,8 @@
 #   runner     the main job on the seed shape and on the default shape
 #   bench      attn_bench -> $OUT/bench.json (extra flags in $BENCH_FLAGS)
 #   peers      tools/peers.py -> $OUT/peers.json (with $PYTHON, default python3)
-#   ncu        Nsight Compute counters of stages 03-05 on prefill_d128_s4096 -> $OUT/ncu.log
-#   ncu_decode Nsight Compute counters of stages 02-05 on two decode shapes -> $OUT/ncu_decode.log
+#   ncu        Nsight Compute counters of stages 03-07 on prefill_d128_s4096 -> $OUT/ncu.log
+#   ncu_decode Nsight Compute counters of stages 02-07 on two decode shapes -> $OUT/ncu_decode.log
 # Every step runs even if an earlier one failed; the summary at the end says which failed.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)

@@ -1,14 +1,14 @@
 // Fast attention, one idea at a time:
 //   ... 05 cp_async -> 06 warp_specialized -> 07 overlap
 //
-// Stage 07 extends 06 by overlap, at three scales: the two consumer warpgroups take turns to issue
-// their products (pingpong, named barriers), so that one's softmax runs while the other's
+// Stage 07 extends 06 by overlap, at three scales: the consumer warpgroups take turns to issue
+// their products (pingpong, named barriers), so that one's softmax runs while another's
 // products do; inside a warpgroup, S of tile t is issued with P.V of tile t - 1 and the softmax
 // of tile t runs while that P.V is on the tensor cores (wgmma_wait<1>); and launches overlap
 // (programmatic dependent launch): a launch's prologue runs while the previous one drains.
 //   consumers, per tile t: wait for K(t) and V(t-1); in their turn issue S(t) = Q.K(t)^T and
 //   O += P(t-1).V(t-1); wait for S(t), free K(t); softmax(t); wait for P.V, free V(t-1);
-//   rescale O, P(t) from S(t). The producer is 06's.
+//   rescale O, P(t) from S(t). The producer is 06's, copying in that order: K(t), then V(t-1).
 // Why: notebooks_md/07_overlap.md.
 #include <algorithm>
 #include <cmath>
