@@ -8,7 +8,7 @@
 // (programmatic dependent launch): a launch's prologue runs while the previous one drains.
 //   consumers, per tile t: wait for K(t) and V(t-1); in their turn issue S(t) = Q.K(t)^T and
 //   O += P(t-1).V(t-1); wait for S(t), free K(t); softmax(t); wait for P.V, free V(t-1);
-//   rescale O, P(t) from S(t). The producer is 06's, copying in that order: K(t), then V(t-1).
+//   rescale O, P(t) from S(t). The producer copies in that order: K(t), then V(t-1).
 // Why: notebooks_md/07_overlap.md.
 #include <algorithm>
 #include <cmath>
