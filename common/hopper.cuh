@@ -1,8 +1,8 @@
 /// @file hopper.cuh
 /// @brief Device wrappers for Hopper's asynchronous machinery (sm_90a): mbarriers and TMA copies
 ///        through CCCL's cuda::ptx, and the PTX CCCL does not wrap: wgmma (fence, commit, wait, the
-///        shared-memory descriptor, m64n64k16 and m64n128k16 with A from shared memory or from
-///        registers) and setmaxnreg. Only compiled for sm_90a (the feature macro below); a stage
+///        shared-memory descriptor, m64n128k16 with A from shared memory, m64n64k16 and
+///        m64n128k16 with A from registers) and setmaxnreg. Only compiled for sm_90a (the feature macro below); a stage
 ///        that includes it guards its kernel body the same way.
 #pragma once
 
@@ -138,8 +138,6 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-/// Keep the compiler from moving accesses of @p x across a wgmma issue or wait.
-__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
 /// Descriptor of a tile in shared memory laid out with the 128-byte swizzle (the layout TMA writes
 /// with CU_TENSOR_MAP_SWIZZLE_128B): rows of 128 bytes in atoms of 8 rows (1024 bytes, aligned to
@@ -191,18 +189,8 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
       "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
       "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
-// wgmma m64n64k16 with A and B from shared memory; TY is the element type's PTX name.
-#define ATTN_WGMMA_SS_N64(TY)                                                             \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                        \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                             \
-      " "                                                                                 \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"                                                     \
-      : ATTN_WGMMA_D64                                                                    \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-// wgmma m64n64k16 with A from registers and B from shared memory, transposed.
+// wgmma m64n64k16 with A from registers and B from shared memory, transposed; TY is the element
+// type's PTX name.
 #define ATTN_WGMMA_RS_N64(TY)                                                             \
   asm volatile(                                                                           \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                        \
@@ -241,17 +229,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
       : ATTN_WGMMA_D128                                                                   \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
 
-/// d[64][64] = A[64][16] . B[16][64] + (scale_d ? d : 0). A and B in shared memory, both
-/// K-major (descriptors); d: this thread's 32 fp32 accumulators in the accumulator layout.
-template <typename T>
-__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                             int scale_d) {
-  if constexpr (std::is_same_v<T, __half>)
-    ATTN_WGMMA_SS_N64("f16");
-  else
-    ATTN_WGMMA_SS_N64("bf16");
-}
-
 /// d[64][64] = A[64][16] . B[16][64] + (scale_d ? d : 0). A in registers (four pairs of 16-bit
 /// elements in the A-fragment layout), B in shared memory N-major (its 16 rows hold 64
 /// contiguous elements each: V as stored), so the instruction transposes it (imm-trans-b = 1).
@@ -287,7 +264,6 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a
     ATTN_WGMMA_RS_N128("bf16");
 }
 
-#undef ATTN_WGMMA_SS_N64
 #undef ATTN_WGMMA_RS_N64
 #undef ATTN_WGMMA_SS_N128
 #undef ATTN_WGMMA_RS_N128

@@ -235,6 +235,55 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, in
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
+// Online softmax of one tile, in registers: S's elements become the tile's exponentials, m and l
+// are updated, and alpha returns each row's factor for O (the caller rescales O). Element j of S
+// sits in row h = (j >> 1) & 1 and column 8 (j / 4) + quad_col + (j & 1) of the tile. With a
+// positive scale (Pos) the largest raw score gives the largest scaled one and each probability is
+// one FFMA and one EX2, exp2(s scale - m); a negative scale turns the order around (the smallest
+// raw score, and masked scores +inf, which scale to -inf). m_safe keeps a row that has seen no
+// key at exp2(-inf - 0) = 0 instead of the NaN of -inf - (-inf).
+template <bool Pos, int N>
+__device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], float (&l)[2],
+                                               float (&alpha)[2], const int (&limit)[2],
+                                               bool masked, int quad_col, float scale) {
+  constexpr float kMasked = Pos ? -INFINITY : INFINITY;
+  auto pick = [](float a, float b) { return Pos ? fmaxf(a, b) : fminf(a, b); };
+  if (masked) {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      if (8 * (j / 4) + quad_col + (j & 1) >= limit[(j >> 1) & 1]) s[j] = kMasked;
+  }
+  float ext[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) ext[h][k] = kMasked;
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+    ext[(j >> 1) & 1][(j / 4) % 4] = pick(ext[(j >> 1) & 1][(j / 4) % 4], s[j]);
+  float neg_m[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float e = pick(pick(ext[h][0], ext[h][1]), pick(ext[h][2], ext[h][3]));
+    e = pick(e, __shfl_xor_sync(0xffffffffu, e, 1));
+    e = pick(e, __shfl_xor_sync(0xffffffffu, e, 2));
+    const float m_new = fmaxf(m[h], e * scale);
+    const float m_safe = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[h] = fast_exp2(m[h] - m_safe);
+    neg_m[h] = -m_safe;
+    m[h] = m_new;
+  }
+  float sum[2][4] = {};
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    s[j] = fast_exp2(fmaf(s[j], scale, neg_m[(j >> 1) & 1]));
+    sum[(j >> 1) & 1][(j / 4) % 4] += s[j];
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    l[h] = l[h] * alpha[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
+}
+
 // A consumer warpgroup: rows [64 cw, 64 cw + 64) of each item, warp wq of it rows 16 wq + lane/4
 // and + 8 (the accumulator layout, hopper.cuh).
 template <typename T, int D, int C>
@@ -297,10 +346,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
           const uint32_t step = (kk % 4) * 32;
           const uint64_t a = advance(q_desc, (kk / 4) * kBr * kRowBytes + step);
           const uint64_t bk = advance(k_desc, (kk / 4) * kBc * kRowBytes + step);
-          if constexpr (kBc == 64)
-            wgmma_ss_n64<T>(s, a, bk, kk > 0);
-          else
-            wgmma_ss_n128<T>(s, a, bk, kk > 0);
+          wgmma_ss_n128<T>(s, a, bk, kk > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -312,56 +358,15 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
         if (t == it.n_tiles - 1) mbarrier_arrive(&sm.q_empty[q_slot]);
       }
       if (active) {
-        // Online softmax in registers. Element j of S sits in row h = (j >> 1) & 1 and column
-        // 8 (j / 4) + quad_col + (j & 1) of the tile. With a positive scale the largest raw
-        // score gives the largest scaled one and each probability is one FFMA and one EX2,
-        // exp2(s scale - m); a negative scale turns the order around (Pos = false: the smallest
-        // raw score, and masked scores +inf, which scale to -inf). m_safe keeps a row that has
-        // seen no key at exp2(-inf - 0) = 0 instead of the NaN of -inf - (-inf).
+        // Online softmax (above), then O rescaled, in registers.
         const bool masked = t >= n_unmasked;
         int limit[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
-        auto online_softmax = [&](auto positive) {
-          constexpr bool kPos = decltype(positive)::value;
-          constexpr float kMasked = kPos ? -INFINITY : INFINITY;
-          auto pick = [](float a, float b) { return kPos ? fmaxf(a, b) : fminf(a, b); };
-          if (masked) {
-#pragma unroll
-            for (int j = 0; j < kS; ++j)
-              if (8 * (j / 4) + quad_col + (j & 1) >= limit[(j >> 1) & 1]) s[j] = kMasked;
-          }
-          // Row extremes and sums in 4 partial values per row: dependent chains of 8, not 32.
-          float ext[2][4];
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) ext[h][k] = kMasked;
-#pragma unroll
-          for (int j = 0; j < kS; ++j)
-            ext[(j >> 1) & 1][(j / 4) % 4] = pick(ext[(j >> 1) & 1][(j / 4) % 4], s[j]);
-          float alpha[2], neg_m[2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float e = pick(pick(ext[h][0], ext[h][1]), pick(ext[h][2], ext[h][3]));
-            e = pick(e, __shfl_xor_sync(0xffffffffu, e, 1));
-            e = pick(e, __shfl_xor_sync(0xffffffffu, e, 2));
-            const float m_new = fmaxf(m[h], e * scale);
-            const float m_safe = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[h] = fast_exp2(m[h] - m_safe);
-            neg_m[h] = -m_safe;
-            m[h] = m_new;
-          }
-          float sum[2][4] = {};
-#pragma unroll
-          for (int j = 0; j < kS; ++j) {
-            s[j] = fast_exp2(fmaf(s[j], scale, neg_m[(j >> 1) & 1]));
-            sum[(j >> 1) & 1][(j / 4) % 4] += s[j];
-          }
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            l[h] = l[h] * alpha[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
+        auto softmax = [&](auto positive) {
+          float alpha[2];
+          online_softmax<decltype(positive)::value>(s, m, l, alpha, limit, masked, quad_col, scale);
           // Rescale O (not needed while no row of the warp finds a larger max).
           if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
@@ -369,12 +374,12 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
           }
         };
         if (scale > 0.0f)
-          online_softmax(std::true_type{});
+          softmax(std::true_type{});
         else
-          online_softmax(std::false_type{});
-          // P rounded to the input type in the A-fragment layout: pair q of step kk is S elements
-          // 8 kk + 2 q and 8 kk + 2 q + 1 (hopper.cuh). The pairs are packed into S's own first
-          // half (s[8 kk + q]), so that P needs no registers of its own.
+          softmax(std::false_type{});
+        // P rounded to the input type in the A-fragment layout: pair q of step kk is S elements
+        // 8 kk + 2 q and 8 kk + 2 q + 1 (hopper.cuh). The pairs are packed into S's own first
+        // half (s[8 kk + q]), so that P needs no registers of its own.
 #pragma unroll
         for (int kk = 0; kk < kBc / 16; ++kk)
 #pragma unroll
@@ -579,7 +584,7 @@ Status make_launch(const AttnParams& p, Launch* out) {
     if (rows >= kMax32 || p.sk >= kMax32 || p.hq >= kMax32)
       return Status::Error("Sq * 2^pack (" + std::to_string(rows) + "), Sk (" +
                            std::to_string(p.sk) + ") and Hq (" + std::to_string(p.hq) +
-                           ") must be under stage 06's limit 2^31");
+                           ") must be under stage " + kStageName + "'s limit 2^31");
     l->kernel = select_kernel(p, small);
     l->smem = l->tile.smem;
     if (l->smem > device->smem_per_block_optin)
@@ -619,7 +624,8 @@ Status make_launch(const AttnParams& p, Launch* out) {
   w.num_splits = static_cast<int>((p.sk + w.keys_per_split - 1) / w.keys_per_split);
   const int64_t items = unsplit * w.num_splits;
   if (items >= (int64_t{1} << 31))
-    return Status::Error("work items (" + std::to_string(items) + ") exceed stage 06's limit 2^31");
+    return Status::Error("work items (" + std::to_string(items) + ") exceed stage " +
+                         kStageName + "'s limit 2^31");
   w.n_items = static_cast<unsigned>(items);
   l.ctas = std::min(items, l.slots);
   *out = l;

@@ -40,7 +40,7 @@ constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q copy and its
 // The CTA for head dimension D: Consumers warpgroups of 64 query rows each after the producer's
 // warpgroup, Bc keys per K/V tile. While a consumer warpgroup computes its softmax it leaves the
 // tensor cores to the others: more consumers keep them busier, as far as the registers allow
-// (S and O of a thread, Bc/2 + D/2; P is packed into S's registers). setmaxnreg leaves the
+// (S, P and O of a thread, Bc/2 + Bc/4 + D/2). setmaxnreg leaves the
 // producer warpgroup 32 or 40 registers a thread and gives the rest of the launch's pool
 // (65536 / threads each, rounded down to 8) to the consumers. Q has two slots, so that the next
 // item's Q lands while this item's last tiles are computed; the K/V ring has as many slots as fit
@@ -236,11 +236,13 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, in
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
-// Online softmax of one tile, in registers (06's, with the rescaling of O left to the caller):
-// S's elements become the tile's exponentials, m and l are updated, and alpha returns each row's
-// factor for O, applied once the P.V still running has finished. Element j of S sits in row
-// h = (j >> 1) & 1 and column 8 (j / 4) + quad_col + (j & 1) of the tile; Pos: a positive scale
-// (the largest raw score is the largest scaled one), else the smallest, and masked scores +inf.
+// Online softmax of one tile, in registers: S's elements become the tile's exponentials, m and l
+// are updated, and alpha returns each row's factor for O (the caller rescales O). Element j of S
+// sits in row h = (j >> 1) & 1 and column 8 (j / 4) + quad_col + (j & 1) of the tile. With a
+// positive scale (Pos) the largest raw score gives the largest scaled one and each probability is
+// one FFMA and one EX2, exp2(s scale - m); a negative scale turns the order around (the smallest
+// raw score, and masked scores +inf, which scale to -inf). m_safe keeps a row that has seen no
+// key at exp2(-inf - 0) = 0 instead of the NaN of -inf - (-inf).
 template <bool Pos, int N>
 __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], float (&l)[2],
                                                float (&alpha)[2], const int (&limit)[2],
@@ -619,7 +621,7 @@ Status make_launch(const AttnParams& p, Launch* out) {
     if (rows >= kMax32 || p.sk >= kMax32 || p.hq >= kMax32)
       return Status::Error("Sq * 2^pack (" + std::to_string(rows) + "), Sk (" +
                            std::to_string(p.sk) + ") and Hq (" + std::to_string(p.hq) +
-                           ") must be under stage 06's limit 2^31");
+                           ") must be under stage " + kStageName + "'s limit 2^31");
     l->kernel = select_kernel(p, small);
     l->smem = l->tile.smem;
     if (l->smem > device->smem_per_block_optin)
@@ -659,7 +661,8 @@ Status make_launch(const AttnParams& p, Launch* out) {
   w.num_splits = static_cast<int>((p.sk + w.keys_per_split - 1) / w.keys_per_split);
   const int64_t items = unsplit * w.num_splits;
   if (items >= (int64_t{1} << 31))
-    return Status::Error("work items (" + std::to_string(items) + ") exceed stage 06's limit 2^31");
+    return Status::Error("work items (" + std::to_string(items) + ") exceed stage " +
+                         kStageName + "'s limit 2^31");
   w.n_items = static_cast<unsigned>(items);
   l.ctas = std::min(items, l.slots);
   *out = l;
