@@ -153,10 +153,12 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, uint32_t lbo_
 }
 
 /// The descriptor @p desc moved @p bytes further in shared memory. The address field (bits 0-13,
-/// in 16-byte units) holds any shared-memory address, so the move is one 64-bit add of a
-/// constant: the products' loops advance one descriptor instead of encoding one per step.
+/// in 16-byte units) holds any shared-memory address and the fields above it stay the same, so
+/// the move is one 32-bit add of a constant to the low word: the products' loops advance one
+/// descriptor instead of encoding one per step, and every descriptor shares one high word.
 __device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) {
-  return desc + (bytes >> 4);
+  const uint32_t low = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | low;
 }
 
 /// Two fp32 values rounded to T and packed into one 32-bit register (low half first).

@@ -23,6 +23,7 @@
 #include "params.h"
 #include "stage.h"
 #include "tma.h"
+#include "trace.cuh"
 #include "warp.cuh"
 
 namespace attn {
@@ -327,12 +328,17 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
       mbarrier_wait(&sm.q_full[q_slot], (q_uses / 2) & 1);
       ++q_uses;
     }
+    // Timeline stamps in a -DATTN_TRACE build (common/trace.cuh). Events: 0 tile start,
+    // 1 K landed, 3 S done, 4 softmax done, 7 V landed, 5 P.V done.
+#define STAMP(t, e) ATTN_STAMP(round == 0, cw, t, e)
     for (int t = 0; t < it.n_tiles; ++t, ++kv_uses) {
+      STAMP(t, 0);
       const int slot = kv_uses % kStages;
       const uint32_t phase = (kv_uses / kStages) & 1;
       const int64_t kv_tile = it.kv_begin + int64_t{t} * kBc;
       float s[kS];
       mbarrier_wait(&sm.k_full[slot], phase);
+      STAMP(t, 1);
       {
         // S = Q.K^T: D/16 steps of 16 along the head dimension; step kk reads 32 bytes into the
         // 128-byte rows of column block kk / 4. The first step ignores S's old contents. A
@@ -351,6 +357,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
         wgmma_commit();
         wgmma_wait<0>();
       }
+      STAMP(t, 3);
       // K is read: the producer may refill the slot's K. The last tile's S was the item's last
       // read of Q: the producer may bring the next item's.
       if (lane == 0) {
@@ -386,7 +393,9 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
           for (int q = 0; q < 4; ++q)
             s[8 * kk + q] = __uint_as_float(pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]));
       }
+      STAMP(t, 4);
       mbarrier_wait(&sm.v_full[slot], phase);
+      STAMP(t, 7);
       {
         // O += P.V: Bc/16 steps of 16 keys; V is N-major (rows of D elements), 2048 bytes per
         // step of 16 rows, column blocks kBc * 128 bytes apart.
@@ -405,6 +414,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
         wgmma_commit();
         wgmma_wait<0>();
       }
+      STAMP(t, 5);
       if (lane == 0) mbarrier_arrive(&sm.v_empty[slot]);  // this warp is done with the slot's V
     }
 
@@ -715,6 +725,7 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   w.o_partial = reinterpret_cast<float*>(base + layout.o_partial);
   w.lse_partial = reinterpret_cast<float*>(base + layout.lse_partial);
   l.kernel<<<static_cast<unsigned>(l.ctas), l.tile.threads, l.smem, stream>>>(maps, kp, w);
+  trace::dump(kStageName);  // a -DATTN_TRACE build's timeline, else nothing
   return check_launch(kStageName);
 }
 

@@ -22,6 +22,7 @@
 #include "params.h"
 #include "stage.h"
 #include "tma.h"
+#include "trace.cuh"
 #include "warp.cuh"
 
 namespace attn {
@@ -402,29 +403,47 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
 #pragma unroll
         for (int q = 0; q < 4; ++q) pa[kk][q] = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
     };
+    // Timeline stamps in a -DATTN_TRACE build (common/trace.cuh). Events: 0 tile start,
+    // 7 K and V landed, 1 turn taken, 2 products issued, 3 S landed, 4 softmax done,
+    // 5 P.V landed, 6 P ready.
+#define STAMP(t, e) ATTN_STAMP(round == 0, cw, t, e)
     if (it.n_tiles > 0) {
       float alpha[2];
+      STAMP(0, 0);
       mbarrier_wait(&sm.k_full[slot_of(0)], parity_of(0));
       turn_begin(cw);
+      STAMP(0, 1);
       wgmma_fence();
       issue_s(0);
       turn_end(cw);
+      STAMP(0, 2);
       wgmma_wait<0>();
+      STAMP(0, 3);
       softmax(0, alpha);
+      STAMP(0, 4);
       next_p(alpha);
+      STAMP(0, 6);
       for (int t = 1; t < it.n_tiles; ++t) {
+        STAMP(t, 0);
         mbarrier_wait(&sm.k_full[slot_of(t)], parity_of(t));
         mbarrier_wait(&sm.v_full[slot_of(t - 1)], parity_of(t - 1));
+        STAMP(t, 7);
         turn_begin(cw);
+        STAMP(t, 1);
         wgmma_fence();
         issue_s(t);
         issue_pv(t - 1);
         turn_end(cw);
+        STAMP(t, 2);
         wgmma_wait<1>();  // S(t) landed; P(t-1).V(t-1) may still run
+        STAMP(t, 3);
         softmax(t, alpha);
+        STAMP(t, 4);
         wgmma_wait<0>();
+        STAMP(t, 5);
         if (lane == 0) mbarrier_arrive(&sm.v_empty[slot_of(t - 1)]);
         next_p(alpha);
+        STAMP(t, 6);
       }
       const int last = it.n_tiles - 1;
       mbarrier_wait(&sm.v_full[slot_of(last)], parity_of(last));
@@ -769,6 +788,7 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
     return Status::Error(std::string("stage ") + kStageName +
                          ": CUDA error during launch: " + cudaGetErrorString(err));
   }
+  trace::dump(kStageName);  // a -DATTN_TRACE build's timeline, else nothing
   return check_launch(kStageName);
 }
 
