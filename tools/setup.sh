@@ -52,9 +52,15 @@ version_ge "$nvcc_version" 12.4 || fail "$nvcc is CUDA $nvcc_version: the stages
 if ! have cmake || ! version_ge "$(cmake_version)" 3.25; then need cmake "CMake >= 3.25"; fi
 have ninja || need ninja-build "Ninja"
 have c++ || have g++ || need g++ "a C++17 compiler (g++ or clang++)"
+# doctest and Google Benchmark count as present when CMake can find their package configuration
+# (a Debian package or an install from source); the build can also download them (FetchContent).
+cmake_config() {  # cmake_config NAME: NAME's CMake package configuration is installed
+  find /usr /usr/local /opt $(echo "${CMAKE_PREFIX_PATH:-}" | tr : " ") -maxdepth 6 \( -name "$1Config.cmake" -o \
+    -name "$1-config.cmake" \) -print -quit 2>/dev/null | grep -q .
+}
 if [ $apt = 1 ]; then
-  installed doctest-dev || packages+=(doctest-dev)
-  installed libbenchmark-dev || packages+=(libbenchmark-dev)
+  installed doctest-dev || cmake_config doctest || packages+=(doctest-dev)
+  installed libbenchmark-dev || cmake_config benchmark || packages+=(libbenchmark-dev)
 fi
 if [ $docs = 1 ]; then
   have doxygen || need doxygen "Doxygen"
