@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <initializer_list>
 #include <regex>
@@ -78,6 +79,18 @@ Status check_benchmark_flag(const std::string& a, BenchOptions* o) {
   } else if (name == "--benchmark_color") {
     return one_of({"auto", "true", "false", "1", "0", "yes", "no", "on", "off", "t", "f", "y", "n"},
                   "auto, true or false", true);
+  } else if (name == "--benchmark_min_time") {
+    // Seconds (0.5 or 0.5s) or iterations (100x); some versions of the library check it only
+    // when the benchmarks start, after the GPU is set up, and then abort.
+    char* end = nullptr;
+    const double t = std::strtod(value.c_str(), &end);
+    const bool iterations = end != value.c_str() && *end == 'x' && end[1] == '\0' &&
+                            value.find_first_not_of("0123456789") == value.size() - 1;
+    const bool seconds = end != value.c_str() && (*end == '\0' || (*end == 's' && end[1] == '\0'));
+    if (!(iterations || (seconds && std::isfinite(t) && t >= 0))) {
+      return Status::Error("--benchmark_min_time (" + value +
+                           ") must be seconds (0.5 or 0.5s) or iterations (100x)");
+    }
   } else if (name == "--benchmark_repetitions") {
     char* end = nullptr;
     const long n = std::strtol(value.c_str(), &end, 10);
