@@ -39,10 +39,13 @@ inline void dump(const char* stage) {
 }
 
 }  // namespace attn::trace
+/// Stamp event @p e of tile @p t for consumer warpgroup @p g, on the CTA's first item (@p first).
 #define ATTN_STAMP(first, g, t, e) ::attn::trace::stamp(first, g, t, e)
 #else
 namespace attn::trace {
+/// Without -DATTN_TRACE: nothing to print.
 inline void dump(const char*) {}
 }  // namespace attn::trace
+/// Without -DATTN_TRACE: no stamp.
 #define ATTN_STAMP(first, g, t, e) ((void)0)
 #endif
