@@ -83,6 +83,25 @@ __device__ __forceinline__ void load_tile_async(T (&tile)[Rows][D + kPad], const
   }
 }
 
+// The same for a K or V tile: row r at src + r * stride, rows from valid on zero-filled. A whole
+// tile (all but a block's last) steps one pointer and tests no row: the tile loop issues these.
+template <int Threads, typename T, int D, int Rows>
+__device__ __forceinline__ void load_rows_async(T (&tile)[Rows][D + kPad], const T* src,
+                                                int64_t stride, int64_t valid) {
+  constexpr int kChunks = D / 8, kRowStep = Threads / kChunks;
+  const int piece = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
+  auto copy_rows = [&](auto whole) {
+    const T* row = src + r0 * stride + piece * 8;
+#pragma unroll
+    for (int j = 0; j < Rows / kRowStep; ++j, row += kRowStep * stride) {
+      const bool in = decltype(whole)::value || r0 + j * kRowStep < valid;
+      cp_async16(&tile[r0 + j * kRowStep][piece * 8], in ? row : src + piece * 8, in ? 16 : 0);
+    }
+  };
+  if (valid >= Rows) copy_rows(std::true_type{});
+  else copy_rows(std::false_type{});
+}
+
 // Resident CTAs per SM asked of the compiler: none at D = 128 (1 large CTA per SM); at D = 64,
 // where a tile holds half the products and hides less of a load, 2 large and 3 small.
 constexpr int min_ctas_per_sm(int warps, int d) { return d != 64 ? 0 : warps == kKeyWarps ? 3 : 2; }
@@ -158,15 +177,10 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   load_tile_async<kThreads, T, D, kRows>(sm.q, k, q_row);
   cp_async_commit();
   auto issue_tile = [&](int64_t kv_tile, int stage) {  // rows past block_end are zero-filled
-    const T* k_tile = k + kv_tile * p.k_seq_stride;
-    const T* v_tile = v + kv_tile * p.v_seq_stride;
-    const int64_t valid = block_end - kv_tile;
-    load_tile_async<kThreads, T, D, kBc>(sm.kv.k[stage], k_tile, [&](int r) -> const T* {
-      return r < valid ? k_tile + r * p.k_seq_stride : nullptr;
-    });
-    load_tile_async<kThreads, T, D, kBc>(sm.kv.v[stage], v_tile, [&](int r) -> const T* {
-      return r < valid ? v_tile + r * p.v_seq_stride : nullptr;
-    });
+    load_rows_async<kThreads, T, D, kBc>(sm.kv.k[stage], k + kv_tile * p.k_seq_stride,
+                                         p.k_seq_stride, block_end - kv_tile);
+    load_rows_async<kThreads, T, D, kBc>(sm.kv.v[stage], v + kv_tile * p.v_seq_stride,
+                                         p.v_seq_stride, block_end - kv_tile);
   };
   if (kv_begin < block_end) issue_tile(kv_begin, 0);
   cp_async_commit();
