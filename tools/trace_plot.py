@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A measured timeline of stages 06 and 07 from the stamps a -DATTN_TRACE build prints
-(common/trace.cuh): one CTA's first work item, warp 0 of each consumer warpgroup.
+(common/trace.cuh): one CTA's first work item, thread 0 of each consumer warpgroup. A build with
+-DATTN_TRACE prints them; tools/trace_run.sh builds one and runs this script. By hand:
 
-    build/stages/07_overlap/07_overlap --shape prefill_d128_s4096 2> trace.txt
+    build-trace/stages/07_overlap/07_overlap --shape prefill_d128_s4096 --no-check 2> trace.txt
     python3 tools/trace_plot.py trace.txt --png docs/img/07_trace.png
 
 Prints, per stage and warpgroup, the mean cycles of each phase over the tiles after the first two,

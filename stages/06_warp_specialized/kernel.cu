@@ -417,6 +417,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
       STAMP(t, 5);
       if (lane == 0) mbarrier_arrive(&sm.v_empty[slot]);  // this warp is done with the slot's V
     }
+#undef STAMP
 
     // Normalise and store: l summed over the quad; O /= l; LSE = m + log2 l, in natural log. A
     // row with no key has l = 0: O = 0 and LSE = -inf. With one split this is the answer, else

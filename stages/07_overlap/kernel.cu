@@ -455,6 +455,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
       if (lane == 0) mbarrier_arrive(&sm.v_empty[slot_of(last)]);
     }
     kv_uses += it.n_tiles;
+#undef STAMP
 
     // Normalise and store: l summed over the quad; O /= l; LSE = m + log2 l, in natural log. A
     // row with no key has l = 0: O = 0 and LSE = -inf. With one split this is the answer, else
