@@ -6,10 +6,11 @@
 ///        tools/trace_plot.py turns them into the phases each stage names.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #ifdef ATTN_TRACE
 #include <cstdio>
-
-#include <cuda_runtime.h>
+#include <cstdlib>
 
 namespace attn::trace {
 
@@ -22,11 +23,20 @@ __device__ __forceinline__ void stamp(bool first, int g, int t, int e) {
     g_stamp[g][t][e] = clock64();
 }
 
-/// Print the stamps of the process's first launch (later launches print nothing).
-inline void dump(const char* stage) {
-  static bool done = false;
-  if (done) return;
-  done = true;
+/// Print the stamps of the process's n-th launch into @p stream, n from the environment's ATTN_TRACE_LAUNCH
+/// (default 1, the first and coldest; a later one shows a warm launch). Other launches print
+/// nothing. A launch inside a CUDA graph capture does not count (its stamps come later).
+inline void dump(const char* stage, cudaStream_t stream) {
+  static int count = 0;
+  static const int at = [] {
+    const char* env = std::getenv("ATTN_TRACE_LAUNCH");
+    return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 1;
+  }();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+      capture != cudaStreamCaptureStatusNone)
+    return;
+  if (++count != at) return;
   static long long h[kGroups][kTiles][kEvents];
   if (cudaDeviceSynchronize() != cudaSuccess ||
       cudaMemcpyFromSymbol(h, g_stamp, sizeof h) != cudaSuccess)
@@ -44,7 +54,7 @@ inline void dump(const char* stage) {
 #else
 namespace attn::trace {
 /// Without -DATTN_TRACE: nothing to print.
-inline void dump(const char*) {}
+inline void dump(const char*, cudaStream_t) {}
 }  // namespace attn::trace
 /// Without -DATTN_TRACE: no stamp.
 #define ATTN_STAMP(first, g, t, e) ((void)0)

@@ -95,7 +95,7 @@ struct Maps {
 // What the kernel needs beyond AttnParams: the work decomposition and the split buffers.
 struct Work {
   int num_splits = 1;            // key ranges per (batch, packed head, query block)
-  int64_t keys_per_split = 0;    // a multiple of Bc
+  unsigned kv_tiles = 0;         // Bc-key tiles of Sk, dealt to the splits as evenly as can be
   int q_blocks = 0;              // query blocks of Br packed rows per (batch, packed head)
   int log2_pack = 0;             // 2^log2_pack query heads of one kv head share a row block
   unsigned n_items = 0;          // B * (Hq >> log2_pack) * q_blocks * num_splits
@@ -139,8 +139,11 @@ __device__ __forceinline__ Item decode_item(const AttnParams& p, const Work& w, 
   it.q_block = p.causal ? w.q_blocks - 1 - q_rank : q_rank;
   it.row0 = static_cast<unsigned>(it.q_block) * kBr;
   const unsigned rows = static_cast<unsigned>(p.sq) << w.log2_pack;
-  it.kv_begin = it.split * w.keys_per_split;
-  it.split_end = min(p.sk, it.kv_begin + w.keys_per_split);
+  // Split s takes tiles [s T / S, (s + 1) T / S) of the T tiles: the splits differ by a tile at
+  // most (equal splits of whole tiles would leave the last one short, or fewer splits than S).
+  const unsigned n_splits = static_cast<unsigned>(w.num_splits);
+  it.kv_begin = int64_t{it.split * w.kv_tiles / n_splits} * kBc;
+  it.split_end = min(p.sk, int64_t{(it.split + 1) * w.kv_tiles / n_splits} * kBc);
   const int64_t i_last = (min(it.row0 + kBr, rows) - 1) >> w.log2_pack;
   const int64_t block_end = row_end(p, i_last, it.split_end);
   it.n_tiles =
@@ -625,14 +628,14 @@ Status make_launch(const AttnParams& p, Launch* out) {
   Work& w = l.work;
   const int64_t unsplit = unsplit_of(l);
   const int64_t kv_tiles = (p.sk + l.tile.bc - 1) / l.tile.bc;
-  // At most two items per resident CTA: a second round can fill the SMs the first leaves idle
-  // (decode's 8 kv heads: 33 splits fill 264 slots, 16 leave 4 SMs idle); more rounds would add
-  // items' fixed costs (a Q copy, a partial output to write and merge) without parallelism.
+  // At most one item per resident CTA: a second round of items would add their fixed costs (a
+  // Q copy, a partial output to write and merge) and, for a memory-bound decode, no bandwidth:
+  // 128 CTAs of 132 SMs already draw all of it.
   const int splits = choose_num_splits(
       unsplit, l.slots,
-      std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, 2 * l.slots / unsplit)));
-  w.keys_per_split = (kv_tiles + splits - 1) / splits * l.tile.bc;
-  w.num_splits = static_cast<int>((p.sk + w.keys_per_split - 1) / w.keys_per_split);
+      std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, l.slots / unsplit)));
+  w.kv_tiles = static_cast<unsigned>(kv_tiles);
+  w.num_splits = splits;
   const int64_t items = unsplit * w.num_splits;
   if (items >= (int64_t{1} << 31))
     return Status::Error("work items (" + std::to_string(items) + ") exceed stage " +
@@ -726,7 +729,7 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   w.o_partial = reinterpret_cast<float*>(base + layout.o_partial);
   w.lse_partial = reinterpret_cast<float*>(base + layout.lse_partial);
   l.kernel<<<static_cast<unsigned>(l.ctas), l.tile.threads, l.smem, stream>>>(maps, kp, w);
-  trace::dump(kStageName);  // a -DATTN_TRACE build's timeline, else nothing
+  trace::dump(kStageName, stream);  // a -DATTN_TRACE build's timeline, else nothing
   return check_launch(kStageName);
 }
 

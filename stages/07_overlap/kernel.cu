@@ -77,7 +77,7 @@ struct Smem {
   alignas(1024) unsigned char q[2][kChunks][kBr * kRowBytes];        // [slot][D/64][Br][64]
   alignas(1024) unsigned char k[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
   alignas(1024) unsigned char v[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
-  uint64_t q_full[2], q_empty[2];  // Q landed / every consumer warp done reading it
+  uint64_t q_full[2], q_empty[2];  // Q landed / every consumer warpgroup done with the slot
   uint64_t k_full[kStages];        // K tile landed in the slot
   uint64_t v_full[kStages];        // V tile landed in the slot
   uint64_t k_empty[kStages];       // every consumer warp done reading the slot's K (after S)
@@ -88,13 +88,13 @@ struct Smem {
 // The three tensor maps, passed by value as one __grid_constant__ parameter (TMA reads them from
 // the parameter space).
 struct Maps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, o;
 };
 
 // What the kernel needs beyond AttnParams: the work decomposition and the split buffers.
 struct Work {
   int num_splits = 1;            // key ranges per (batch, packed head, query block)
-  int64_t keys_per_split = 0;    // a multiple of Bc
+  unsigned kv_tiles = 0;         // Bc-key tiles of Sk, dealt to the splits as evenly as can be
   int q_blocks = 0;              // query blocks of Br packed rows per (batch, packed head)
   int log2_pack = 0;             // 2^log2_pack query heads of one kv head share a row block
   unsigned n_items = 0;          // B * (Hq >> log2_pack) * q_blocks * num_splits
@@ -138,8 +138,11 @@ __device__ __forceinline__ Item decode_item(const AttnParams& p, const Work& w, 
   it.q_block = p.causal ? w.q_blocks - 1 - q_rank : q_rank;
   it.row0 = static_cast<unsigned>(it.q_block) * kBr;
   const unsigned rows = static_cast<unsigned>(p.sq) << w.log2_pack;
-  it.kv_begin = it.split * w.keys_per_split;
-  it.split_end = min(p.sk, it.kv_begin + w.keys_per_split);
+  // Split s takes tiles [s T / S, (s + 1) T / S) of the T tiles: the splits differ by a tile at
+  // most (equal splits of whole tiles would leave the last one short, or fewer splits than S).
+  const unsigned n_splits = static_cast<unsigned>(w.num_splits);
+  it.kv_begin = int64_t{it.split * w.kv_tiles / n_splits} * kBc;
+  it.split_end = min(p.sk, int64_t{(it.split + 1) * w.kv_tiles / n_splits} * kBc);
   const int64_t i_last = (min(it.row0 + kBr, rows) - 1) >> w.log2_pack;
   const int64_t block_end = row_end(p, i_last, it.split_end);
   it.n_tiles =
@@ -174,7 +177,10 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
   for (unsigned round = 0, item = item_of_round(0); item < w.n_items;
        item = item_of_round(++round)) {
     const Item it = decode_item<D, C>(p, w, item);
-    if (it.n_tiles == 0) continue;
+    if (round == 0) {  // programmatic dependent launch: the first read of the inputs (see below)
+      cudaGridDependencySynchronize();
+      cudaTriggerProgrammaticLaunchCompletion();
+    }
     const int b = static_cast<int>(it.b), h_kv = static_cast<int>((it.hs << w.log2_pack) / group);
     const int q_slot = q_uses % 2;
     mbarrier_wait(&sm.q_empty[q_slot], ((q_uses / 2) & 1) ^ 1);
@@ -184,6 +190,7 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
       tma_load_5d(sm.q[q_slot][c], &maps.q, c * kCols, 0, static_cast<int>(it.row0 >> w.log2_pack),
                   static_cast<int>(it.hs), b, &sm.q_full[q_slot]);
     ++q_uses;
+    if (it.n_tiles == 0) continue;  // a block that sees no key still gets its Q slot (epilogue)
     // A tile's K and V each wait for their own slot. The consumers read K(t) together with
     // V(t - 1): copying in that order keeps a K from waiting behind the V before it.
     auto load = [&](int t, uint64_t* full, uint64_t* empty, const CUtensorMap* map, auto& dst) {
@@ -289,8 +296,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], flo
 // A consumer warpgroup: rows [64 cw, 64 cw + 64) of each item, warp wq of it rows 16 wq + lane/4
 // and + 8 (the accumulator layout, hopper.cuh).
 template <typename T, int D, int C>
-__device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem<D, C>& sm, int cw,
-                                        int wq, int lane) {
+__device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, const Work& w,
+                                        Smem<D, C>& sm, int cw, int wq, int lane) {
   constexpr int kStages = Tile<D, C>::kStages, kBr = Tile<D, C>::kBr, kBc = Tile<D, C>::kBc,
                 kConsumers = Tile<D, C>::kConsumers;
   constexpr int kS = kBc / 2, kO = D / 2;  // accumulators per thread: S[64][Bc], O[64][D]
@@ -337,10 +344,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
     const int q_slot = q_uses % 2;
     const uint64_t q_desc =  // this warpgroup's 64 rows
         smem_descriptor(smem_addr(sm.q[q_slot]) + cw * 64 * kRowBytes, 16, 1024);
-    if (it.n_tiles > 0) {
-      mbarrier_wait(&sm.q_full[q_slot], (q_uses / 2) & 1);
-      ++q_uses;
-    }
+    mbarrier_wait(&sm.q_full[q_slot], (q_uses / 2) & 1);
+    ++q_uses;
     // The tiles, overlapped inside the warpgroup: S of tile t is issued together with P.V of
     // tile t - 1, and the softmax of tile t runs while that P.V is on the tensor cores. A turn
     // (pingpong) covers the issue of one tile's products; the other warpgroup's softmax runs
@@ -373,13 +378,10 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
       }
       wgmma_commit();
     };
-    // After S(t) has landed: K(t) and, after the last tile, Q are read; the softmax leaves its
-    // exponentials in S and returns O's factors in alpha, touching neither O nor P.
+    // After S(t) has landed: K(t) is read; the softmax leaves its exponentials in S and returns
+    // O's factors in alpha, touching neither O nor P.
     auto softmax = [&](int t, float(&alpha)[2]) {
-      if (lane == 0) {
-        mbarrier_arrive(&sm.k_empty[slot_of(t)]);
-        if (t == it.n_tiles - 1) mbarrier_arrive(&sm.q_empty[q_slot]);
-      }
+      if (lane == 0) mbarrier_arrive(&sm.k_empty[slot_of(t)]);
       alpha[0] = alpha[1] = 1.0f;
       if (!active) return;
       const int64_t kv_tile = it.kv_begin + int64_t{t} * kBc;
@@ -458,39 +460,60 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
 #undef STAMP
 
     // Normalise and store: l summed over the quad; O /= l; LSE = m + log2 l, in natural log. A
-    // row with no key has l = 0: O = 0 and LSE = -inf. With one split this is the answer, else
-    // the split's part, in fp32, for the merge.
-    if (active) {
-      float inv[2], lse[2];
+    // row with no key has l = 0: O = 0 and LSE = -inf. With one split O is the answer: it goes
+    // into this warpgroup's rows of the Q slot, which its products have finished reading, in the
+    // same swizzled layout, and leaves by TMA stores (rows past Sq are clipped); the global writes
+    // then drain while the warpgroup starts its next item. With several splits O is the split's
+    // part, in fp32, for the merge.
+    float inv[2], lse[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float sum = quad_sum(l[h]);
-        inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
-        lse[h] = sum > 0.0f ? (m[h] + log2f(sum)) * kLn2 : -INFINITY;
+    for (int h = 0; h < 2; ++h) {
+      const float sum = quad_sum(l[h]);
+      // sum >= 1 (the row's largest score gives exp2(0)): the fast reciprocal and logarithm
+      // (one MUFU instruction each) are exact to a few ulp.
+      inv[h] = sum > 0.0f ? __fdividef(1.0f, sum) : 0.0f;
+      lse[h] = sum > 0.0f ? (m[h] + __log2f(sum)) * kLn2 : -INFINITY;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!active) break;
+      const unsigned r = wg_row0 + r_in_wg + 8 * h;
+      const int64_t i = r >> w.log2_pack, head = (it.hs << w.log2_pack) + (r & pack_mask);
+      const int64_t row = (it.b * p.hq + head) * p.sq + i;  // LSE index, partials' row
+      if (w.num_splits == 1) {
+        const int row_in_wg = r_in_wg + 8 * h;  // (row_in_wg % 8) == lane / 4
+#pragma unroll
+        for (int nb = 0; nb < D / 8; ++nb)
+          *reinterpret_cast<uint32_t*>(sm.q[q_slot][nb / 8] +
+                                       (cw * 64 + row_in_wg) * kRowBytes +
+                                       ((nb % 8) ^ (lane / 4)) * 16 + quad_col * 2) =
+              pack2<T>(o[4 * nb + 2 * h] * inv[h], o[4 * nb + 2 * h + 1] * inv[h]);
+        if (p.lse != nullptr && lane % 4 == 0 && r < rows) p.lse[row] = lse[h];
+      } else if (r < rows) {
+        float* part = w.o_partial + (it.split * n_rows + row) * D;
+#pragma unroll
+        for (int nb = 0; nb < D / 8; ++nb)
+          *reinterpret_cast<float2*>(part + 8 * nb + quad_col) =
+              make_float2(o[4 * nb + 2 * h] * inv[h], o[4 * nb + 2 * h + 1] * inv[h]);
+        if (lane % 4 == 0) w.lse_partial[it.split * n_rows + row] = lse[h];
       }
+    }
+    // The slot goes back to the producer when the stores have read it (one arrival per
+    // warpgroup): the TMA store reads shared memory through the async proxy, so the threads'
+    // writes are fenced for it first.
+    fence_proxy_async_shared();
+    named_barrier_sync(5 + cw, kWarpGroup);
+    if (wq == 0 && lane == 0) {
+      if (w.num_splits == 1 && active) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const unsigned r = wg_row0 + r_in_wg + 8 * h;
-        if (r >= rows) continue;
-        const int64_t i = r >> w.log2_pack, head = (it.hs << w.log2_pack) + (r & pack_mask);
-        const int64_t row = (it.b * p.hq + head) * p.sq + i;  // LSE index, partials' row
-        if (w.num_splits == 1) {
-          T* out = static_cast<T*>(p.o) + it.b * p.o_batch_stride + i * p.o_seq_stride +
-                   head * p.o_head_stride;
-#pragma unroll
-          for (int nb = 0; nb < D / 8; ++nb)
-            *reinterpret_cast<uint32_t*>(out + 8 * nb + quad_col) =
-                pack2<T>(o[4 * nb + 2 * h] * inv[h], o[4 * nb + 2 * h + 1] * inv[h]);
-          if (p.lse != nullptr && lane % 4 == 0) p.lse[row] = lse[h];
-        } else {
-          float* part = w.o_partial + (it.split * n_rows + row) * D;
-#pragma unroll
-          for (int nb = 0; nb < D / 8; ++nb)
-            *reinterpret_cast<float2*>(part + 8 * nb + quad_col) =
-                make_float2(o[4 * nb + 2 * h] * inv[h], o[4 * nb + 2 * h + 1] * inv[h]);
-          if (lane % 4 == 0) w.lse_partial[it.split * n_rows + row] = lse[h];
-        }
+        for (int c = 0; c < D / kCols; ++c)
+          tma_store_5d(&maps.o, sm.q[q_slot][c] + cw * 64 * kRowBytes, c * kCols, 0,
+                       static_cast<int>(wg_row0 >> w.log2_pack), static_cast<int>(it.hs),
+                       static_cast<int>(it.b));
+        tma_store_commit();
+        tma_store_wait_read();
       }
+      mbarrier_arrive(&sm.q_empty[q_slot]);
     }
 
     // The fused merge (03): every consumer thread makes its partials visible device-wide, one
@@ -539,9 +562,10 @@ __global__ void __launch_bounds__(Tile<D, C>::kThreads, 1)
     prefetch_tensor_map(&maps.q);
     prefetch_tensor_map(&maps.k);
     prefetch_tensor_map(&maps.v);
+    prefetch_tensor_map(&maps.o);
     for (int s = 0; s < 2; ++s) {
       mbarrier_init(&sm.q_full[s], 1);  // the producer's arrive_expect_tx, then the bytes
-      mbarrier_init(&sm.q_empty[s], Tile<D, C>::kConsumers * 4);  // one arrival per consumer warp
+      mbarrier_init(&sm.q_empty[s], Tile<D, C>::kConsumers);  // one per consumer warpgroup
     }
     for (int s = 0; s < Tile<D, C>::kStages; ++s) {
       mbarrier_init(&sm.k_full[s], 1);
@@ -552,17 +576,19 @@ __global__ void __launch_bounds__(Tile<D, C>::kThreads, 1)
     fence_barrier_init();
   }
   __syncthreads();
-  // Programmatic dependent launch: everything above may run while the previous launch in the
-  // stream drains; this launch reads its inputs and writes anything only after that launch has
-  // finished. The next launch may start its own prologue from here on.
-  cudaGridDependencySynchronize();
-  cudaTriggerProgrammaticLaunchCompletion();
+  // Programmatic dependent launch: what comes before the producer's first copy may run while the
+  // previous launch in the stream drains: the barriers, the register split, the first item's
+  // decoding. Only the producer reads the inputs, so only it waits for that launch to finish,
+  // just before its first copy. The consumers read and write memory only after a copy of it has
+  // landed, so after that launch too. Past these points (the producer's wait, the consumers'
+  // start; the other threads exit) the next launch may start its own prologue.
   if (warp / 4 == 0) {
     setmaxnreg_dec<Tile<D, C>::kProducerRegs>();
     if (warp == 0 && lane == 0) produce<D, C>(maps, p, w, sm);
   } else {
+    cudaTriggerProgrammaticLaunchCompletion();
     setmaxnreg_inc<Tile<D, C>::kConsumerRegs>();
-    consume<T, D, C>(p, w, sm, warp / 4 - 1, warp % 4, lane);
+    consume<T, D, C>(maps, p, w, sm, warp / 4 - 1, warp % 4, lane);
   }
 #endif
 }
@@ -671,14 +697,14 @@ Status make_launch(const AttnParams& p, Launch* out) {
   Work& w = l.work;
   const int64_t unsplit = unsplit_of(l);
   const int64_t kv_tiles = (p.sk + l.tile.bc - 1) / l.tile.bc;
-  // At most two items per resident CTA: a second round can fill the SMs the first leaves idle
-  // (decode's 8 kv heads: 33 splits fill 264 slots, 16 leave 4 SMs idle); more rounds would add
-  // items' fixed costs (a Q copy, a partial output to write and merge) without parallelism.
+  // At most one item per resident CTA: a second round of items would add their fixed costs (a
+  // Q copy, a partial output to write and merge) and, for a memory-bound decode, no bandwidth:
+  // 128 CTAs of 132 SMs already draw all of it.
   const int splits = choose_num_splits(
       unsplit, l.slots,
-      std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, 2 * l.slots / unsplit)));
-  w.keys_per_split = (kv_tiles + splits - 1) / splits * l.tile.bc;
-  w.num_splits = static_cast<int>((p.sk + w.keys_per_split - 1) / w.keys_per_split);
+      std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, l.slots / unsplit)));
+  w.kv_tiles = static_cast<unsigned>(kv_tiles);
+  w.num_splits = splits;
   const int64_t items = unsplit * w.num_splits;
   if (items >= (int64_t{1} << 31))
     return Status::Error("work items (" + std::to_string(items) + ") exceed stage " +
@@ -743,6 +769,12 @@ Status encode_maps(const AttnParams& p, const TileInfo& tile, int log2_pack, Map
   const uint32_t q_box[5] = {kCols, static_cast<uint32_t>(pack),
                              static_cast<uint32_t>(tile.br / pack), 1, 1};
   ATTN_TRY(encode_tensor_map(&maps->q, p.q, p.dtype, 5, q_dims, q_strides, q_box, "q"));
+  // O: Q's shape, O's strides, a box of one consumer warpgroup's 64 packed rows.
+  const uint64_t o_strides[4] = {p.o_head_stride * e, p.o_seq_stride * e,
+                                 pack * p.o_head_stride * e, p.o_batch_stride * e};
+  const uint32_t o_box[5] = {kCols, static_cast<uint32_t>(pack), static_cast<uint32_t>(64 / pack),
+                             1, 1};
+  ATTN_TRY(encode_tensor_map(&maps->o, p.o, p.dtype, 5, q_dims, o_strides, o_box, "o"));
   const uint32_t kv_box[4] = {kCols, static_cast<uint32_t>(tile.bc), 1, 1};
   const uint64_t kv_dims[4] = {static_cast<uint64_t>(p.d), static_cast<uint64_t>(p.sk),
                                static_cast<uint64_t>(p.hkv), static_cast<uint64_t>(p.b)};
@@ -789,7 +821,7 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
     return Status::Error(std::string("stage ") + kStageName +
                          ": CUDA error during launch: " + cudaGetErrorString(err));
   }
-  trace::dump(kStageName);  // a -DATTN_TRACE build's timeline, else nothing
+  trace::dump(kStageName, stream);  // a -DATTN_TRACE build's timeline, else nothing
   return check_launch(kStageName);
 }
 
