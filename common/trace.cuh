@@ -1,8 +1,9 @@
 /// @file trace.cuh
 /// @brief A measured timeline: clock64() stamps at the phases of CTA 0's first work item, taken by
 ///        thread 0 of each consumer warpgroup, in a build with -DATTN_TRACE (tools/trace_run.sh).
-///        Without it, ATTN_STAMP is nothing and trace::dump does nothing. The launch prints the
-///        stamps once to stderr as `trace <stage> <warpgroup> <tile> <event> <cycles>`;
+///        Without it, ATTN_STAMP is nothing and trace::dump does nothing. One launch (the first,
+///        or the n-th with ATTN_TRACE_LAUNCH=n) prints its stamps to stderr as
+///        `trace <stage> <warpgroup> <tile> <event> <cycles>`;
 ///        tools/trace_plot.py turns them into the phases each stage names.
 #pragma once
 
