@@ -66,9 +66,8 @@ struct Smem {
   float row_lse[KW][kRows];         // [KW][rows]: their LSEs
 };
 
-// Start copying rows of D elements into a shared-memory tile with cp.async, with load_tile's map
-// in 04. Row r comes from src_row(r), or is zero-filled when that is null (zeros keep P.V finite;
-// a zero-fill reads nothing, from a valid address: any_valid). Nothing waits here.
+// 04's load_tile with cp.async: nothing waits here. A null src_row(r) zero-fills row r (zeros keep
+// P.V finite; a zero-fill reads nothing, from a valid address: any_valid).
 template <int Threads, typename T, int D, int Rows, typename RowFn>
 __device__ __forceinline__ void load_tile_async(T (&tile)[Rows][D + kPad], const T* any_valid,
                                                 RowFn src_row) {
@@ -98,18 +97,16 @@ __device__ __forceinline__ void load_rows_async(T (&tile)[Rows][D + kPad], const
       cp_async16(&tile[r0 + j * kRowStep][piece * 8], in ? row : src + piece * 8, in ? 16 : 0);
     }
   };
-  if (valid >= Rows) copy_rows(std::true_type{});
-  else copy_rows(std::false_type{});
+  valid >= Rows ? copy_rows(std::true_type{}) : copy_rows(std::false_type{});
 }
 
 // Resident CTAs per SM asked of the compiler: none at D = 128 (1 large CTA per SM); at D = 64,
 // where a tile holds half the products and hides less of a load, 2 large and 3 small.
 constexpr int min_ctas_per_sm(int warps, int d) { return d != 64 ? 0 : warps == kKeyWarps ? 3 : 2; }
 
-// One work item: the CTA's packed query rows of kv head h_kv (row r is query position r / group
-// of head h_kv * group + r % group) over the keys of split split_idx. Warp w computes rows
-// [16 rw, 16 rw + 16), rw = w / KW; key warp kw = w % KW takes keys [kw Bc/KW, (kw + 1) Bc/KW) of
-// every tile and leaves its rows, normalised, and their LSEs in shared memory, merged at the end.
+// One work item: the CTA's packed rows of kv head h_kv (row r: position r / group, head h_kv group
+// + r % group), keys of split split_idx. Warp w: rows [16 rw, 16 rw + 16), rw = w / KW; key warp
+// kw = w % KW takes keys [kw Bc/KW, (kw + 1) Bc/KW) of every tile; the parts are merged at the end.
 template <typename T, int D, int Warps, int KW>
 __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArgs& split, int64_t b,
                                              int64_t h_kv, int64_t q_block, int split_idx,
@@ -119,8 +116,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   const int rw = warp / KW, kw = warp % KW;  // this warp's 16 rows and its share of the keys
   const int key0 = kw * (kBc / KW);          // its first key in a tile
   const FragMap map{lane};
-  // Packed rows in 32 bits (make_launch keeps them under 2^31): a 64-bit division by a runtime
-  // value is a software routine of tens of instructions.
+  // Packed rows in 32 bits (make_launch keeps them under 2^31): 64-bit division is a long routine.
   const unsigned group = static_cast<unsigned>(p.hq) / static_cast<unsigned>(p.hkv);
   const unsigned rows = static_cast<unsigned>(p.sq) * group;  // packed rows per (batch, kv head)
   const unsigned row0 = static_cast<unsigned>(q_block) * kRows;
@@ -128,8 +124,8 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
 
-  // Keys a row may see (all, or with the bottom-right causal mask the first i + (Sk - Sq) + 1) in
-  // this split. The block needs keys up to the end of its last row (with the mask, the longest).
+  // Keys a row may see in this split (bottom-right causal: the first i + Sk - Sq + 1); the block
+  // needs keys up to its last row's end (with the mask, the longest).
   auto row_end = [&](unsigned r) {
     const int64_t i = r / group;
     const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
@@ -153,9 +149,8 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
       if (lane == 0) split.lse_partial[split_idx * n_rows + row] = lse;
     }
   };
-  // A thread keeps the running max m of its two rows' raw scores (shared by a quad) and its part
-  // of their sums l. A negative scale goes onto Q (a sign flip), so that P = exp2(s * scale -
-  // m * scale) is one FFMA and one EX2. Padding rows take every key: finite, and never stored.
+  // Per thread: the running max m of its two rows' raw scores, its part of their sums l; padding
+  // rows take every key (finite, never stored). A negative scale flips Q: P is one FFMA + EX2.
   int64_t end[2];
   float m[2], l[2];
 #pragma unroll
@@ -171,9 +166,8 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
     return q + i * p.q_seq_stride + h * p.q_head_stride;
   };
 
-  // Start the Q block (zeros past the last row; cp.async group 0) and the first K/V tile (group
-  // 1). Wait for Q alone, then load this warp's Q fragments (sign-flipped for a negative scale)
-  // while the tile lands. Tile t goes to ring stage t % 2.
+  // Start the Q block (cp.async group 0) and the first K/V tile (group 1, ring stage 0; tile t
+  // goes to stage t % 2). Wait for Q alone; load Q's fragments while the tile lands.
   load_tile_async<kThreads, T, D, kRows>(sm.q, k, q_row);
   cp_async_commit();
   auto issue_tile = [&](int64_t kv_tile, int stage) {  // rows past block_end are zero-filled
@@ -199,19 +193,16 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
         q_frag[d].x[e] = from_bits<T>(to_bits(q_frag[d].x[e]) ^ 0x8000u);
   }
   const float scale = fabsf(p.scale);  // log2 units (the launch folded in log2(e))
-
   // One step of the online softmax over keys [kv_tile, kv_tile + Bc), from ring stage stage;
   // Masked says whether the tile reaches past some row's last key.
   auto attend_tile = [&](int64_t kv_tile, int stage, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
-    // 1. Put tile t+1 in flight (an empty group after the last tile keeps the count uniform),
-    //    then wait for everything but that newest group: tile t has landed. The barrier makes
-    //    every thread's copies visible to all warps.
+    // 1. Put tile t+1 in flight (after the last tile, an empty group), wait for all but that
+    //    group: tile t has landed. The barrier makes every thread's copies visible to all warps.
     if (kv_tile + kBc < block_end) issue_tile(kv_tile + kBc, stage ^ 1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-
     if (warp_active) {
       // 2. S = Q.K^T for this warp's 16 rows and keys, in kKeyFrags accumulator fragments.
       FragAcc s_frag[kKeyFrags];
@@ -225,7 +216,6 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
           wmma::mma_sync(s_frag[n], q_frag[d], kt_frag, s_frag[n]);
         }
       }
-
       // 3. Online softmax of the tile, in registers. Masked scores are -inf; m_safe keeps a row
       //    with no key yet at exp2(-inf - 0) = 0 instead of the NaN of -inf - (-inf).
       int limit[2];  // keys of the tile each row may see
@@ -258,7 +248,6 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
           s_frag[n].x[e] = fast_exp2(fmaf(s_frag[n].x[e], scale, neg_m_scaled[half_of(e)]));  // P
           l[half_of(e)] += s_frag[n].x[e];
         }
-
       // 4. Rescale O by alpha (skipped when no row of the warp found a larger max), then O += P.V;
       //    P's A fragments come straight from the S accumulators, rounded (see FragMap).
       if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f))
@@ -291,9 +280,8 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   cp_async_wait<0>();  // no copy may still be landing when shared memory is reused
   __syncthreads();
 
-  // Normalise: l is the quad's sum; O /= l; LSE = m + log l. An empty row has l = 0: O = 0 and
-  // LSE = -inf. The rows go to shared memory (over the K/V ring, which the last barrier freed),
-  // each key warp in its own slot; the lane holding column 0 of its rows writes their LSE.
+  // Normalise (l: the quad's sum; an empty row has l = 0: O = 0, LSE = -inf) into shared memory,
+  // over the freed K/V ring, a slot per key warp; the lane holding column 0 writes the LSEs.
   float inv_l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -347,9 +335,8 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   }
 }
 
-// The merge of output row (b, h, i) by one warp: O = sum_s w_s O_s / sum_s w_s with w_s =
-// exp(LSE_s - max LSE), in split order (bit-identical run to run). Other SMs wrote the partials
-// during this launch: they are read through L2 (__ldcg), never from a stale L1 line.
+// The merge of row (b, h, i) by one warp: O = sum_s w_s O_s / sum_s w_s, w_s = exp(LSE_s - max),
+// in split order (bit-identical runs); other SMs wrote the partials: read through L2 (__ldcg).
 template <typename T, int D>
 __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& split, int64_t b,
                                           int64_t h, int64_t i, int lane) {
@@ -379,8 +366,7 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& 
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
-// grid = min(work items, resident CTAs), block Warps warps, KW of them on each 16-row block.
-// Each CTA loops over work items.
+// grid = min(work items, resident CTAs) CTAs of Warps warps (KW per 16-row block), looping.
 template <typename T, int D, int Warps, int KW>
 __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
     attention_kernel(const AttnParams p, const SplitArgs split) {
