@@ -215,6 +215,17 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
       "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),  \
       "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
       "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+// The same, written only (=f): for a product whose old accumulators must not be read.
+#define ATTN_WGMMA_D128_OUT                                                                       \
+  "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), \
+      "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]),    \
+      "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]),  \
+      "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]),  \
+      "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]),  \
+      "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]),  \
+      "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]),  \
+      "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]),  \
+      "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
 
 // wgmma m64n64k16 with A from registers and B from shared memory, transposed; TY is the element
 // type's PTX name.
@@ -242,6 +253,19 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
       "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                     \
       : ATTN_WGMMA_D128                                                                   \
       : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+// wgmma m64n128k16 with A and B from shared memory and d output only (scale-d 0): the first step
+// of a product, which must not read d's old contents (they may be another operand, e.g. P).
+#define ATTN_WGMMA_SS_N128_FIRST(TY)                                                      \
+  asm volatile(                                                                           \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                            \
+      " "                                                                                 \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+      "%64, %65, 0, 1, 1, 0, 0;\n"                                                       \
+      : ATTN_WGMMA_D128_OUT                                                               \
+      : "l"(desc_a), "l"(desc_b))
 // wgmma m64n128k16 with A from registers and B from shared memory, transposed.
 #define ATTN_WGMMA_RS_N128(TY)                                                            \
   asm volatile(                                                                           \
@@ -279,6 +303,17 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, u
     ATTN_WGMMA_SS_N128("bf16");
 }
 
+/// d[64][128] = A[64][16] . B[16][128], A and B as for wgmma_ss_n128; d is written, never read
+/// (its registers may hold another operand until this product is issued).
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_n128_first(float (&d)[64], uint64_t desc_a,
+                                                    uint64_t desc_b) {
+  if constexpr (std::is_same_v<T, __half>)
+    ATTN_WGMMA_SS_N128_FIRST("f16");
+  else
+    ATTN_WGMMA_SS_N128_FIRST("bf16");
+}
+
 /// d[64][128] = A[64][16] . B[16][128] + (scale_d ? d : 0). A in registers (four pairs of 16-bit
 /// elements in the A-fragment layout), B in shared memory N-major (its 16 rows hold 128
 /// contiguous elements each: V as stored), so the instruction transposes it (imm-trans-b = 1).
@@ -293,9 +328,11 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a
 
 #undef ATTN_WGMMA_RS_N64
 #undef ATTN_WGMMA_SS_N128
+#undef ATTN_WGMMA_SS_N128_FIRST
 #undef ATTN_WGMMA_RS_N128
 #undef ATTN_WGMMA_D64
 #undef ATTN_WGMMA_D128
+#undef ATTN_WGMMA_D128_OUT
 
 }  // namespace hopper
 }  // namespace attn

@@ -352,7 +352,10 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
     // during it. Every warpgroup of the CTA takes n_tiles + 1 turns per item (the first issues S
     // alone, the last P.V alone), and no product sits behind a branch: ptxas would serialise it.
     float s[kS];
-    uint32_t pa[kBc / 16][4];  // P of the previous tile, the A operand of its P.V
+    // P of the previous tile, the A operand of its P.V: in registers of its own, or (kPInS, the
+    // large CTA at D = 64, whose 160 registers cannot hold S, P and O apart) packed into S's.
+    constexpr bool kPInS = D == 64 && kConsumers == 3;
+    uint32_t pa[kBc / 16][4];  // unused (and not allocated by ptxas) when kPInS
     auto slot_of = [&](int t) { return static_cast<int>((kv_uses + t) % kStages); };
     auto parity_of = [&](int t) { return ((kv_uses + t) / kStages) & 1; };
     auto issue_s = [&](int t) {  // S = Q.K(t)^T: D/16 steps of 16 along the head dimension
@@ -362,7 +365,10 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
         const uint32_t step = (kk % 4) * 32;
         const uint64_t a = advance(q_desc, (kk / 4) * kBr * kRowBytes + step);
         const uint64_t bk = advance(k_desc, (kk / 4) * kBc * kRowBytes + step);
-        wgmma_ss_n128<T>(s, a, bk, kk > 0);
+        if (kk == 0)
+          wgmma_ss_n128_first<T>(s, a, bk);  // S's old registers (maybe P) are not read
+        else
+          wgmma_ss_n128<T>(s, a, bk, 1);
       }
       wgmma_commit();
     };
@@ -371,10 +377,13 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) {
         const uint64_t bv = advance(v_desc, kk * 16 * kRowBytes);
+        uint32_t a[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) a[q] = kPInS ? __float_as_uint(s[8 * kk + q]) : pa[kk][q];
         if constexpr (D == 64)
-          wgmma_rs_n64<T>(o, pa[kk], bv, 1);
+          wgmma_rs_n64<T>(o, a, bv, 1);
         else
-          wgmma_rs_n128<T>(o, pa[kk], bv, 1);
+          wgmma_rs_n128<T>(o, a, bv, 1);
       }
       wgmma_commit();
     };
@@ -403,7 +412,13 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) pa[kk][q] = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+        for (int q = 0; q < 4; ++q) {
+          const uint32_t pair = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+          if constexpr (kPInS)
+            s[8 * kk + q] = __uint_as_float(pair);  // after the elements it replaces were read
+          else
+            pa[kk][q] = pair;
+        }
     };
     // Timeline stamps in a -DATTN_TRACE build (common/trace.cuh). Events: 0 tile start,
     // 7 K and V landed, 1 turn taken, 2 products issued, 3 S landed, 4 softmax done,
@@ -433,17 +448,31 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
         turn_begin(cw);
         STAMP(t, 1);
         wgmma_fence();
-        issue_s(t);
-        issue_pv(t - 1);
-        turn_end(cw);
-        STAMP(t, 2);
-        wgmma_wait<1>();  // S(t) landed; P(t-1).V(t-1) may still run
-        STAMP(t, 3);
-        softmax(t, alpha);
-        STAMP(t, 4);
-        wgmma_wait<0>();
-        STAMP(t, 5);
-        if (lane == 0) mbarrier_arrive(&sm.v_empty[slot_of(t - 1)]);
+        if constexpr (kPInS) {  // S(t) overwrites P(t - 1): only after P(t-1).V(t-1) has run
+          issue_pv(t - 1);
+          wgmma_wait<0>();
+          if (lane == 0) mbarrier_arrive(&sm.v_empty[slot_of(t - 1)]);
+          wgmma_fence();
+          issue_s(t);
+          turn_end(cw);
+          STAMP(t, 2);
+          wgmma_wait<0>();
+          STAMP(t, 3);
+          softmax(t, alpha);
+          STAMP(t, 4);
+        } else {
+          issue_s(t);
+          issue_pv(t - 1);
+          turn_end(cw);
+          STAMP(t, 2);
+          wgmma_wait<1>();  // S(t) landed; P(t-1).V(t-1) may still run
+          STAMP(t, 3);
+          softmax(t, alpha);
+          STAMP(t, 4);
+          wgmma_wait<0>();
+          STAMP(t, 5);
+          if (lane == 0) mbarrier_arrive(&sm.v_empty[slot_of(t - 1)]);
+        }
         next_p(alpha);
         STAMP(t, 6);
       }
