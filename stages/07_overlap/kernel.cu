@@ -5,10 +5,13 @@
 // their products (pingpong, named barriers), so that one's softmax runs while another's
 // products do; inside a warpgroup, S of tile t is issued with P.V of tile t - 1 and the softmax
 // of tile t runs while that P.V is on the tensor cores (wgmma_wait<1>); and launches overlap
-// (programmatic dependent launch): a launch's prologue runs while the previous one drains.
+// (programmatic dependent launch): a launch's prologue, up to its first item's decoding, runs
+// while the previous one drains. O leaves through shared memory and TMA stores, which drain while
+// the warpgroup starts its next item.
 //   consumers, per tile t: wait for K(t) and V(t-1); in their turn issue S(t) = Q.K(t)^T and
 //   O += P(t-1).V(t-1); wait for S(t), free K(t); softmax(t); wait for P.V, free V(t-1);
-//   rescale O, P(t) from S(t). The producer copies in that order: K(t), then V(t-1).
+//   rescale O, P(t) from S(t). The producer copies in that order: K(t), then V(t-1). At D = 64
+//   (three warpgroups, 160 registers) P stays packed into S, and S(t) follows P(t-1).V(t-1).
 // Why: notebooks_md/07_overlap.md.
 #include <algorithm>
 #include <cmath>
