@@ -24,9 +24,10 @@ __device__ __forceinline__ void stamp(bool first, int g, int t, int e) {
     g_stamp[g][t][e] = clock64();
 }
 
-/// Print the stamps of the process's n-th launch into @p stream, n from the environment's ATTN_TRACE_LAUNCH
-/// (default 1, the first and coldest; a later one shows a warm launch). Other launches print
-/// nothing. A launch inside a CUDA graph capture does not count (its stamps come later).
+/// Print the stamps of the process's n-th launch into @p stream, n from the environment's
+/// ATTN_TRACE_LAUNCH (default 1, the first and coldest; a later one shows a warm launch). Other
+/// launches print nothing. A launch inside a CUDA graph capture does not count (its stamps come
+/// later).
 inline void dump(const char* stage, cudaStream_t stream) {
   static int count = 0;
   static const int at = [] {
