@@ -656,20 +656,12 @@ TileInfo tile_of(const AttnParams& p, bool small) {
   return p.d == 64 ? tile_info<64, kLargeConsumers<64>>() : tile_info<128, kLargeConsumers<128>>();
 }
 
-// How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
-// the best wave efficiency, the smallest on ties, capped by kMaxSplits and max_splits (as 02-05).
-int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits_for_keys) {
-  if (ctas_without_split * 10 >= slots * 8) return 1;
-  const int64_t max_splits = std::min<int64_t>(kMaxSplits, max_splits_for_keys);
-  int best = 1;
-  double best_efficiency = 0;
-  for (int64_t s = 1; s <= max_splits; ++s) {
-    const int64_t ctas = ctas_without_split * s, waves = (ctas + slots - 1) / slots;
-    const double efficiency = static_cast<double>(ctas) / static_cast<double>(waves * slots);
-    if (efficiency > best_efficiency + 1e-9)
-      best = static_cast<int>(s), best_efficiency = efficiency;
-  }
-  return best;
+// How many key ranges: none unless the grid would leave the GPU part-empty; then as many as fit
+// one wave of persistent CTAs (an item's fixed costs are paid once per CTA), up to max_splits.
+int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits) {
+  if (ctas_without_split * 10 >= slots * 8) return 1;  // >= 80% of one wave: splitting buys little
+  max_splits = std::min<int64_t>(kMaxSplits, max_splits);
+  return static_cast<int>(std::max<int64_t>(1, std::min(max_splits, slots / ctas_without_split)));
 }
 
 // Everything launch() decides for a problem.
@@ -733,9 +725,8 @@ Status make_launch(const AttnParams& p, Launch* out) {
   // At most one item per resident CTA: a second round of items would add their fixed costs (a
   // Q copy, a partial output to write and merge) and, for a memory-bound decode, no bandwidth:
   // 128 CTAs of 132 SMs already draw all of it.
-  const int splits = choose_num_splits(
-      unsplit, l.slots,
-      std::max<int64_t>(1, std::min(kv_tiles / kMinTilesPerSplit, l.slots / unsplit)));
+  const int splits =
+      choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, kv_tiles / kMinTilesPerSplit));
   w.kv_tiles = static_cast<unsigned>(kv_tiles);
   w.num_splits = splits;
   const int64_t items = unsplit * w.num_splits;
