@@ -57,6 +57,12 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
   }
 }
+/// The same, for a thread that may wait long and shares its scheduler with busy warps (a
+/// producer waiting for a free slot): between tests it sleeps about 64 ns, so that its polling
+/// does not take issue slots from them.
+__device__ __forceinline__ void mbarrier_wait_backoff(uint64_t* bar, uint32_t parity) {
+  while (!cuda::ptx::mbarrier_test_wait_parity(bar, parity)) __nanosleep(64);
+}
 
 // ---------------------------------------------------------------------------------------------
 // TMA: a box of a tensor map copied into shared memory, completion counted on an mbarrier in

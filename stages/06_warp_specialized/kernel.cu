@@ -594,7 +594,8 @@ Status make_launch(const AttnParams& p, Launch* out) {
     l->kernel = select_kernel(p, small);
     l->smem = l->tile.smem;
     if (l->smem > device->smem_per_block_optin)
-      return Status::Error("stage 06_warp_specialized needs " + std::to_string(l->smem) +
+      return Status::Error(std::string("stage ") + kStageName + " needs " +
+                           std::to_string(l->smem) +
                            " bytes of shared memory per CTA, the device allows " +
                            std::to_string(device->smem_per_block_optin));
     int ctas_per_sm = 0;

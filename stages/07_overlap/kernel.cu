@@ -10,8 +10,10 @@
 // the warpgroup starts its next item.
 //   consumers, per tile t: wait for K(t) and V(t-1); in their turn issue S(t) = Q.K(t)^T and
 //   O += P(t-1).V(t-1); wait for S(t), free K(t); softmax(t); wait for P.V, free V(t-1);
-//   rescale O, P(t) from S(t). The producer copies in that order: K(t), then V(t-1). At D = 64
-//   (three warpgroups, 160 registers) P stays packed into S, and S(t) follows P(t-1).V(t-1).
+//   rescale O (only when a row's maximum grew by more than 2^8, so rarely), P(t) from S(t). The
+//   producer copies in that order: K(t), then V(t-1); it sleeps between its tests of a slot. At
+//   D = 64 (three warpgroups, 160 registers) P stays packed into S, and S(t) follows
+//   P(t-1).V(t-1).
 // Why: notebooks_md/07_overlap.md.
 #include <algorithm>
 #include <cmath>
@@ -200,7 +202,7 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
     auto load = [&](int t, uint64_t* full, uint64_t* empty, const CUtensorMap* map, auto& dst) {
       const int slot = static_cast<int>((kv_uses + t) % kStages);
       const int key = static_cast<int>(it.kv_begin) + t * kBc;
-      mbarrier_wait(&empty[slot], (((kv_uses + t) / kStages) & 1) ^ 1);
+      mbarrier_wait_backoff(&empty[slot], (((kv_uses + t) / kStages) & 1) ^ 1);
       mbarrier_arrive_expect_tx(&full[slot], kTileBytes);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c)
@@ -255,6 +257,10 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, in
 // one FFMA and one EX2, exp2(s scale - m); a negative scale turns the order around (the smallest
 // raw score, and masked scores +inf, which scale to -inf). m_safe keeps a row that has seen no
 // key at exp2(-inf - 0) = 0 instead of the NaN of -inf - (-inf).
+// m moves only when the tile's maximum exceeds it by more than kLazy (log2 units): the
+// exponentials then stay below 2^kLazy = 256, far inside fp32, bf16 and fp16, and alpha is 1, so
+// the rescaling of O between one tile's P.V and the next turn is skipped for most tiles. O and l
+// are scaled by the same 2^-m, which the epilogue's O / l and LSE = m + log2 l undo exactly.
 template <bool Pos, int N>
 __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], float (&l)[2],
                                                float (&alpha)[2], const int (&limit)[2],
@@ -280,9 +286,11 @@ __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], flo
     float e = pick(pick(ext[h][0], ext[h][1]), pick(ext[h][2], ext[h][3]));
     e = pick(e, __shfl_xor_sync(0xffffffffu, e, 1));
     e = pick(e, __shfl_xor_sync(0xffffffffu, e, 2));
-    const float m_new = fmaxf(m[h], e * scale);
+    constexpr float kLazy = 8.0f;
+    const bool move = e * scale > m[h] + kLazy;  // false while the row has seen no key
+    const float m_new = move ? e * scale : m[h];
     const float m_safe = m_new == -INFINITY ? 0.0f : m_new;
-    alpha[h] = fast_exp2(m[h] - m_safe);
+    alpha[h] = move ? fast_exp2(m[h] - m_safe) : 1.0f;
     neg_m[h] = -m_safe;
     m[h] = m_new;
   }
@@ -696,7 +704,8 @@ Status make_launch(const AttnParams& p, Launch* out) {
     l->kernel = select_kernel(p, small);
     l->smem = l->tile.smem;
     if (l->smem > device->smem_per_block_optin)
-      return Status::Error("stage 06_warp_specialized needs " + std::to_string(l->smem) +
+      return Status::Error(std::string("stage ") + kStageName + " needs " +
+                           std::to_string(l->smem) +
                            " bytes of shared memory per CTA, the device allows " +
                            std::to_string(device->smem_per_block_optin));
     int ctas_per_sm = 0;
