@@ -205,34 +205,21 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-// The accumulator operands of m64nNk16 (this thread's N/2 fp32 values), for the asm blocks below.
-#define ATTN_WGMMA_D64                                                                            \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
-      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
-      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
-      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define ATTN_WGMMA_D128                                                                           \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
-      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
-      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
-      "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),  \
-      "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),  \
-      "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),  \
-      "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
-      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-// The same, written only (=f): for a product whose old accumulators must not be read.
-#define ATTN_WGMMA_D128_OUT                                                                       \
-  "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), \
-      "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]),    \
-      "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]),  \
-      "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]),  \
-      "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]),  \
-      "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]),  \
-      "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]),  \
-      "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]),  \
-      "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+// The accumulator operands of m64nNk16 (this thread's N/2 fp32 values), for the asm blocks below:
+// read and written ("+f"), or, for a product whose old accumulators must not be read, written only
+// ("=f"). ATTN_WGMMA_ACC8(M, i) is the eight values from d[i] on, in mode M ("+" or "=").
+#define ATTN_WGMMA_ACC8(M, i)                                                                      \
+  M "f"(d[i]), M "f"(d[i + 1]), M "f"(d[i + 2]), M "f"(d[i + 3]), M "f"(d[i + 4]),                 \
+      M "f"(d[i + 5]), M "f"(d[i + 6]), M "f"(d[i + 7])
+#define ATTN_WGMMA_D64                                                                             \
+  ATTN_WGMMA_ACC8("+", 0), ATTN_WGMMA_ACC8("+", 8), ATTN_WGMMA_ACC8("+", 16),                      \
+      ATTN_WGMMA_ACC8("+", 24)
+#define ATTN_WGMMA_D128_AS(M)                                                                      \
+  ATTN_WGMMA_ACC8(M, 0), ATTN_WGMMA_ACC8(M, 8), ATTN_WGMMA_ACC8(M, 16), ATTN_WGMMA_ACC8(M, 24),    \
+      ATTN_WGMMA_ACC8(M, 32), ATTN_WGMMA_ACC8(M, 40), ATTN_WGMMA_ACC8(M, 48),                      \
+      ATTN_WGMMA_ACC8(M, 56)
+#define ATTN_WGMMA_D128 ATTN_WGMMA_D128_AS("+")
+#define ATTN_WGMMA_D128_OUT ATTN_WGMMA_D128_AS("=")
 
 // wgmma m64n64k16 with A from registers and B from shared memory, transposed; TY is the element
 // type's PTX name.
@@ -340,6 +327,8 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a
 #undef ATTN_WGMMA_D64
 #undef ATTN_WGMMA_D128
 #undef ATTN_WGMMA_D128_OUT
+#undef ATTN_WGMMA_D128_AS
+#undef ATTN_WGMMA_ACC8
 
 }  // namespace hopper
 }  // namespace attn
