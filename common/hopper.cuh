@@ -193,6 +193,15 @@ __device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) {
   return (desc & 0xFFFFFFFF00000000ull) | low;
 }
 
+/// @p desc with its low word broadcast from lane 0 (all lanes hold the same descriptor): the
+/// compiler then knows the descriptor is warp-uniform and keeps it, and every advance() of it,
+/// in uniform registers, which wgmma reads directly. Without the broadcast a descriptor built from
+/// a loop counter lives in ordinary registers and each wgmma waits for R2UR copies of it.
+__device__ __forceinline__ uint64_t uniform(uint64_t desc) {
+  const uint32_t low = __shfl_sync(0xffffffffu, static_cast<uint32_t>(desc), 0);
+  return (desc & 0xFFFFFFFF00000000ull) | low;
+}
+
 /// Two fp32 values rounded to T and packed into one 32-bit register (low half first).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {

@@ -354,8 +354,11 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
     for (int j = 0; j < kO; ++j) o[j] = 0.0f;
 
     const int q_slot = q_uses % 2;
+    // Descriptors go through uniform() (common/hopper.cuh): a turn is the issue of a tile's 16
+    // products, and with descriptors in ordinary registers each wgmma waits on R2UR copies of its
+    // two; in uniform registers it needs only a few uniform adds and moves.
     const uint64_t q_desc =  // this warpgroup's 64 rows
-        smem_descriptor(smem_addr(sm.q[q_slot]) + cw * 64 * kRowBytes, 16, 1024);
+        uniform(smem_descriptor(smem_addr(sm.q[q_slot]) + cw * 64 * kRowBytes, 16, 1024));
     mbarrier_wait(&sm.q_full[q_slot], (q_uses / 2) & 1);
     ++q_uses;
     // The tiles, overlapped inside the warpgroup: S of tile t is issued together with P.V of
@@ -371,7 +374,7 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
     auto slot_of = [&](int t) { return static_cast<int>((kv_uses + t) % kStages); };
     auto parity_of = [&](int t) { return ((kv_uses + t) / kStages) & 1; };
     auto issue_s = [&](int t) {  // S = Q.K(t)^T: D/16 steps of 16 along the head dimension
-      const uint64_t k_desc = smem_descriptor(smem_addr(sm.k[slot_of(t)]), 16, 1024);
+      const uint64_t k_desc = uniform(smem_descriptor(smem_addr(sm.k[slot_of(t)]), 16, 1024));
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t step = (kk % 4) * 32;
@@ -385,7 +388,8 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
       wgmma_commit();
     };
     auto issue_pv = [&](int t) {  // O += P(t).V(t), P from registers
-      const uint64_t v_desc = smem_descriptor(smem_addr(sm.v[slot_of(t)]), kBc * kRowBytes, 1024);
+      const uint64_t v_desc =
+          uniform(smem_descriptor(smem_addr(sm.v[slot_of(t)]), kBc * kRowBytes, 1024));
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) {
         const uint64_t bv = advance(v_desc, kk * 16 * kRowBytes);
