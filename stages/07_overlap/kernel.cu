@@ -409,11 +409,15 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
       if (lane == 0) mbarrier_arrive(&sm.k_empty[slot_of(t)]);
       alpha[0] = alpha[1] = 1.0f;
       if (!active) return;
-      const int64_t kv_tile = it.kv_begin + int64_t{t} * kBc;
-      int limit[2];
+      // The rows' key limits in the tile matter only where a score may be masked: computed
+      // there alone, their 64-bit arithmetic stays off the other tiles' softmax.
+      int limit[2] = {kBc, kBc};
+      if (t >= n_unmasked) {
+        const int64_t kv_tile = it.kv_begin + int64_t{t} * kBc;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
+        for (int h = 0; h < 2; ++h)
+          limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
+      }
       if (scale > 0.0f)
         online_softmax<true>(s, m, l, alpha, limit, t >= n_unmasked, quad_col, scale);
       else
