@@ -143,6 +143,19 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+/// A named barrier (as named_barrier_sync) that also ORs @p pred over its threads: each returns
+/// true if any of them passed true (bar.red.or), so that they can take a branch together.
+__device__ __forceinline__ bool named_barrier_any(int id, int threads, bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbarrier.cta.red.or.pred q, %2, %3, p;\n"
+      "selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // wgmma: a warpgroup (4 warps, 128 threads) multiplies a 64 x 16 tile of A by a 16 x N tile of B
 // into 64 x N fp32 accumulators spread over its threads. The products run asynchronously:

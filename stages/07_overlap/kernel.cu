@@ -250,6 +250,28 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, in
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
+// The running maximum of a row moves only when a tile's exceeds it by more than kLazy (log2
+// units), so that every exponential stays at most kMaxExp = 2^kLazy (online_softmax, below).
+constexpr float kLazy = 8.0f, kMaxExp = 256.0f;
+
+// The exponentials of a tile with each row's running maximum m as it stands, and their sums in
+// tot: most tiles do not raise a row's maximum, and then this is the whole softmax (alpha = 1).
+// Returns true if an exponential may exceed kMaxExp (a thread's sum of a row above it): then the
+// tile must be done again from its scores, with its maximum.
+template <int N>
+__device__ __forceinline__ bool stale_softmax(float (&s)[N], const float (&m)[2], float scale,
+                                              float (&tot)[2]) {
+  float sum[2][4] = {};
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    s[j] = fast_exp2(fmaf(s[j], scale, -m[(j >> 1) & 1]));
+    sum[(j >> 1) & 1][(j / 4) % 4] += s[j];
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) tot[h] = (sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]);
+  return !(tot[0] <= kMaxExp && tot[1] <= kMaxExp);  // an infinite sum fails too
+}
+
 // Online softmax of one tile, in registers: S's elements become the tile's exponentials, m and l
 // are updated, and alpha returns each row's factor for O (the caller rescales O). Element j of S
 // sits in row h = (j >> 1) & 1 and column 8 (j / 4) + quad_col + (j & 1) of the tile. With a
@@ -286,7 +308,6 @@ __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], flo
     float e = pick(pick(ext[h][0], ext[h][1]), pick(ext[h][2], ext[h][3]));
     e = pick(e, __shfl_xor_sync(0xffffffffu, e, 1));
     e = pick(e, __shfl_xor_sync(0xffffffffu, e, 2));
-    constexpr float kLazy = 8.0f;
     const bool move = e * scale > m[h] + kLazy;  // false while the row has seen no key
     const float m_new = move ? e * scale : m[h];
     const float m_safe = m_new == -INFINITY ? 0.0f : m_new;
@@ -406,9 +427,33 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
     // After S(t) has landed: K(t) is read; the softmax leaves its exponentials in S and returns
     // O's factors in alpha, touching neither O nor P.
     auto softmax = [&](int t, float(&alpha)[2]) {
-      if (lane == 0) mbarrier_arrive(&sm.k_empty[slot_of(t)]);
       alpha[0] = alpha[1] = 1.0f;
-      if (!active) return;
+      if (!active) {
+        if (lane == 0) mbarrier_arrive(&sm.k_empty[slot_of(t)]);
+        return;
+      }
+      // First the exponentials with the maxima as they stand (a warp whose rows have all seen
+      // keys, in a tile without masked scores). If one may exceed 2^kLazy anywhere in the
+      // warpgroup (named barrier 8 + cw), S(t) is computed again (K(t) is still in its slot) and
+      // the tile takes the path with its maximum, below. Not in the large D = 64 CTA (kPInS):
+      // a second S there makes ptxas serialise every product (C7514).
+      const bool eligible = !kPInS && t > 0 && t < n_unmasked;  // the same in the warpgroup
+      const bool stale =
+          eligible && __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
+      float tot[2];
+      const bool over = stale && stale_softmax(s, m, scale, tot);
+      const bool again = eligible && named_barrier_any(8 + cw, kWarpGroup, over);
+      if (again) {
+        wgmma_fence();
+        issue_s(t);
+        wgmma_wait<0>();
+      }
+      if (lane == 0) mbarrier_arrive(&sm.k_empty[slot_of(t)]);
+      if (stale && !again) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l[h] += tot[h];
+        return;
+      }
       // The rows' key limits in the tile matter only where a score may be masked: computed
       // there alone, their 64-bit arithmetic stays off the other tiles' softmax.
       int limit[2] = {kBc, kBc};
