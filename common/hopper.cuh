@@ -243,6 +243,13 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 #define ATTN_WGMMA_D128 ATTN_WGMMA_D128_AS("+")
 #define ATTN_WGMMA_D128_OUT ATTN_WGMMA_D128_AS("=")
 
+// The 64 accumulator registers of an m64n128k16 wgmma in its PTX text: %0 to %63, in braces.
+#define ATTN_WGMMA_REGS64                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                        \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "               \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
 // wgmma m64n64k16 with A from registers and B from shared memory, transposed; TY is the element
 // type's PTX name.
 #define ATTN_WGMMA_RS_N64(TY)                                                             \
@@ -262,10 +269,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                        \
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                            \
       " "                                                                                 \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+      ATTN_WGMMA_REGS64 ", "                                                              \
       "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                     \
       : ATTN_WGMMA_D128                                                                   \
       : "l"(desc_a), "l"(desc_b), "r"(scale_d))
@@ -275,11 +279,8 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   asm volatile(                                                                           \
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                            \
       " "                                                                                 \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
-      "%64, %65, 0, 1, 1, 0, 0;\n"                                                       \
+      ATTN_WGMMA_REGS64 ", "                                                              \
+      "%64, %65, 0, 1, 1, 0, 0;\n"                                                        \
       : ATTN_WGMMA_D128_OUT                                                               \
       : "l"(desc_a), "l"(desc_b))
 // wgmma m64n128k16 with A from registers and B from shared memory, transposed.
@@ -288,10 +289,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                        \
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                            \
       " "                                                                                 \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+      ATTN_WGMMA_REGS64 ", "                                                              \
       "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                       \
       : ATTN_WGMMA_D128                                                                   \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
@@ -351,6 +349,7 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a
 #undef ATTN_WGMMA_D128_OUT
 #undef ATTN_WGMMA_D128_AS
 #undef ATTN_WGMMA_ACC8
+#undef ATTN_WGMMA_REGS64
 
 }  // namespace hopper
 }  // namespace attn
