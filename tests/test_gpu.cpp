@@ -175,6 +175,14 @@ TEST_CASE("padded strides, custom scales (one negative) and a missing LSE output
     ProblemShape negative = scaled;  // a negative scale turns the softmax around: min scores win
     negative.scale = -0.2f, negative.causal = true;
     check_stage_on(stage, negative, 11);
+    // Scores ten times the default's spread: a row's maximum jumps from tile to tile, so that
+    // 06 and 07, which try each tile's exponentials with the running maxima first, must find them
+    // too large and compute the tile again with its own maximum.
+    ProblemShape sharp = scaled;
+    sharp.sq = 130, sharp.sk = 1000, sharp.d = 128, sharp.scale = 3.0f;
+    check_stage_on(stage, sharp, 12);
+    sharp.scale = -3.0f, sharp.causal = true, sharp.dtype = DType::f16;
+    check_stage_on(stage, sharp, 13);
 
     // LSE is optional: null means not written, and O is unchanged by its absence.
     Problem with, without;

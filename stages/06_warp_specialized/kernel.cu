@@ -9,6 +9,10 @@
 //   producer:  wait for a free Q slot, copy Q; per tile: wait for a free slot, copy K, then V
 //   consumers: wait for Q; per tile: wait for K, S = Q.K^T, free K, online softmax, wait for V,
 //              O += P.V, free V; then normalise and store O (or the split's part, and merge)
+// The softmax is on the tile's critical path here (nothing else runs while it does), so it is
+// made short: a row's maximum moves only when it grows by more than 2^8, and each tile first
+// tries its exponentials with the maxima as they stand; only if one may exceed 2^8 is S
+// computed again and the tile's maximum taken.
 // Kept from 02-05: key splits merged by LSE, packed GQA rows, one wave of persistent CTAs.
 // Why: notebooks_md/06_warp_specialized.md.
 #include <algorithm>
@@ -192,12 +196,12 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
       const int slot = kv_uses % kStages;
       const int key = static_cast<int>(it.kv_begin) + t * kBc;
       const uint32_t free_parity = ((kv_uses / kStages) & 1) ^ 1;
-      mbarrier_wait(&sm.k_empty[slot], free_parity);
+      mbarrier_wait_backoff(&sm.k_empty[slot], free_parity);
       mbarrier_arrive_expect_tx(&sm.k_full[slot], kTileBytes);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c)
         tma_load_4d(sm.k[slot][c], &maps.k, c * kCols, key, h_kv, b, &sm.k_full[slot]);
-      mbarrier_wait(&sm.v_empty[slot], free_parity);
+      mbarrier_wait_backoff(&sm.v_empty[slot], free_parity);
       mbarrier_arrive_expect_tx(&sm.v_full[slot], kTileBytes);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c)
@@ -239,6 +243,28 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, in
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
+// The running maximum of a row moves only when a tile's exceeds it by more than kLazy (log2
+// units), so that every exponential stays at most kMaxExp = 2^kLazy (online_softmax, below).
+constexpr float kLazy = 8.0f, kMaxExp = 256.0f;
+
+// The exponentials of a tile with each row's running maximum m as it stands, and their sums in
+// tot: most tiles do not raise a row's maximum, and then this is the whole softmax (alpha = 1).
+// Returns true if an exponential may exceed kMaxExp (a thread's sum of a row above it): then the
+// tile must be done again from its scores, with its maximum.
+template <int N>
+__device__ __forceinline__ bool stale_softmax(float (&s)[N], const float (&m)[2], float scale,
+                                              float (&tot)[2]) {
+  float sum[2][4] = {};
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    s[j] = fast_exp2(fmaf(s[j], scale, -m[(j >> 1) & 1]));
+    sum[(j >> 1) & 1][(j / 4) % 4] += s[j];
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) tot[h] = (sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]);
+  return !(tot[0] <= kMaxExp && tot[1] <= kMaxExp);  // an infinite sum fails too
+}
+
 // Online softmax of one tile, in registers: S's elements become the tile's exponentials, m and l
 // are updated, and alpha returns each row's factor for O (the caller rescales O). Element j of S
 // sits in row h = (j >> 1) & 1 and column 8 (j / 4) + quad_col + (j & 1) of the tile. With a
@@ -246,6 +272,10 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, in
 // one FFMA and one EX2, exp2(s scale - m); a negative scale turns the order around (the smallest
 // raw score, and masked scores +inf, which scale to -inf). m_safe keeps a row that has seen no
 // key at exp2(-inf - 0) = 0 instead of the NaN of -inf - (-inf).
+// m moves only when the tile's maximum exceeds it by more than kLazy (log2 units): the
+// exponentials then stay below 2^kLazy = 256, far inside fp32, bf16 and fp16, and alpha is 1, so
+// the rescaling of O between one tile's P.V and the next turn is skipped for most tiles. O and l
+// are scaled by the same 2^-m, which the epilogue's O / l and LSE = m + log2 l undo exactly.
 template <bool Pos, int N>
 __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], float (&l)[2],
                                                float (&alpha)[2], const int (&limit)[2],
@@ -271,9 +301,10 @@ __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], flo
     float e = pick(pick(ext[h][0], ext[h][1]), pick(ext[h][2], ext[h][3]));
     e = pick(e, __shfl_xor_sync(0xffffffffu, e, 1));
     e = pick(e, __shfl_xor_sync(0xffffffffu, e, 2));
-    const float m_new = fmaxf(m[h], e * scale);
+    const bool move = e * scale > m[h] + kLazy;  // false while the row has seen no key
+    const float m_new = move ? e * scale : m[h];
     const float m_safe = m_new == -INFINITY ? 0.0f : m_new;
-    alpha[h] = fast_exp2(m[h] - m_safe);
+    alpha[h] = move ? fast_exp2(m[h] - m_safe) : 1.0f;
     neg_m[h] = -m_safe;
     m[h] = m_new;
   }
@@ -326,7 +357,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
 
     const int q_slot = q_uses % 2;
     const uint64_t q_desc =  // this warpgroup's 64 rows
-        smem_descriptor(smem_addr(sm.q[q_slot]) + cw * 64 * kRowBytes, 16, 1024);
+        uniform(smem_descriptor(smem_addr(sm.q[q_slot]) + cw * 64 * kRowBytes, 16, 1024));
     if (it.n_tiles > 0) {
       mbarrier_wait(&sm.q_full[q_slot], (q_uses / 2) & 1);
       ++q_uses;
@@ -340,27 +371,49 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
       const uint32_t phase = (kv_uses / kStages) & 1;
       const int64_t kv_tile = it.kv_begin + int64_t{t} * kBc;
       float s[kS];
-      mbarrier_wait(&sm.k_full[slot], phase);
-      STAMP(t, 1);
-      {
-        // S = Q.K^T: D/16 steps of 16 along the head dimension; step kk reads 32 bytes into the
-        // 128-byte rows of column block kk / 4. The first step ignores S's old contents. A
-        // warpgroup of padding rows multiplies too (its Q is TMA's zeros): ptxas cannot prove a
-        // branch around wgmma uniform over the warpgroup, and would serialise every product
-        // (info C7518) to be safe.
-        const uint64_t k_desc = smem_descriptor(smem_addr(sm.k[slot]), 16, 1024);
+      // P, the A operand of P.V: in registers of its own, or (kPInS, the large CTA at D = 64,
+      // whose 160 registers cannot hold S, P and O apart) packed into S's first half.
+      constexpr bool kPInS = D == 64 && kConsumers == 3;
+      uint32_t pa[kBc / 16][4];  // unused (and not allocated by ptxas) when kPInS
+      // S = Q.K^T: D/16 steps of 16 along the head dimension; step kk reads 32 bytes into the
+      // 128-byte rows of column block kk / 4. The first step ignores S's old contents. A
+      // warpgroup of padding rows multiplies too (its Q is TMA's zeros): ptxas cannot prove a
+      // branch around wgmma uniform over the warpgroup, and would serialise every product (info
+      // C7518) to be safe.
+      auto issue_s = [&] {
+        const uint64_t k_desc = uniform(smem_descriptor(smem_addr(sm.k[slot]), 16, 1024));
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
           const uint32_t step = (kk % 4) * 32;
           const uint64_t a = advance(q_desc, (kk / 4) * kBr * kRowBytes + step);
           const uint64_t bk = advance(k_desc, (kk / 4) * kBc * kRowBytes + step);
-          wgmma_ss_n128<T>(s, a, bk, kk > 0);
+          if (kk == 0)
+            wgmma_ss_n128_first<T>(s, a, bk);  // S's old registers (maybe P) are not read
+          else
+            wgmma_ss_n128<T>(s, a, bk, 1);
         }
         wgmma_commit();
         wgmma_wait<0>();
-      }
+      };
+      mbarrier_wait(&sm.k_full[slot], phase);
+      STAMP(t, 1);
+      issue_s();
       STAMP(t, 3);
+      // First the exponentials with the maxima as they stand (a warp whose rows have all seen
+      // keys, in a tile without masked scores). If one may exceed 2^kLazy anywhere in the
+      // warpgroup (named barrier 2 + cw), S is computed again (K is still in its slot) and the
+      // tile takes the path with its maximum, below.
+      const bool masked = t >= n_unmasked;
+      // Not with P packed into S (kPInS): S written on one path and not the other makes ptxas
+      // serialise every product (C7518).
+      const bool eligible = !kPInS && active && t > 0 && !masked;  // the same in the warpgroup
+      const bool stale =
+          eligible && __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
+      float tot[2];
+      const bool over = stale && stale_softmax(s, m, scale, tot);
+      const bool again = eligible && named_barrier_any(2 + cw, kWarpGroup, over);
+      if (again) issue_s();
       // K is read: the producer may refill the slot's K. The last tile's S was the item's last
       // read of Q: the producer may bring the next item's.
       if (lane == 0) {
@@ -368,33 +421,44 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
         if (t == it.n_tiles - 1) mbarrier_arrive(&sm.q_empty[q_slot]);
       }
       if (active) {
-        // Online softmax (above), then O rescaled, in registers.
-        const bool masked = t >= n_unmasked;
-        int limit[2];
+        if (stale && !again) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
-        auto softmax = [&](auto positive) {
-          float alpha[2];
-          online_softmax<decltype(positive)::value>(s, m, l, alpha, limit, masked, quad_col, scale);
-          // Rescale O (not needed while no row of the warp finds a larger max).
-          if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+          for (int h = 0; h < 2; ++h) l[h] += tot[h];
+        } else {
+          // The rows' key limits in the tile matter only where a score may be masked.
+          int limit[2] = {kBc, kBc};
+          if (masked) {
 #pragma unroll
-            for (int j = 0; j < kO; ++j) o[j] *= alpha[(j >> 1) & 1];
+            for (int h = 0; h < 2; ++h)
+              limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
           }
-        };
-        if (scale > 0.0f)
-          softmax(std::true_type{});
-        else
-          softmax(std::false_type{});
+          auto softmax = [&](auto positive) {
+            float alpha[2];
+            online_softmax<decltype(positive)::value>(s, m, l, alpha, limit, masked, quad_col,
+                                                      scale);
+            // Rescale O (not needed while no row of the warp finds a larger max).
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+              for (int j = 0; j < kO; ++j) o[j] *= alpha[(j >> 1) & 1];
+            }
+          };
+          if (scale > 0.0f)
+            softmax(std::true_type{});
+          else
+            softmax(std::false_type{});
+        }
         // P rounded to the input type in the A-fragment layout: pair q of step kk is S elements
-        // 8 kk + 2 q and 8 kk + 2 q + 1 (hopper.cuh). The pairs are packed into S's own first
-        // half (s[8 kk + q]), so that P needs no registers of its own.
+        // 8 kk + 2 q and 8 kk + 2 q + 1 (hopper.cuh).
 #pragma unroll
         for (int kk = 0; kk < kBc / 16; ++kk)
 #pragma unroll
-          for (int q = 0; q < 4; ++q)
-            s[8 * kk + q] = __uint_as_float(pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]));
+          for (int q = 0; q < 4; ++q) {
+            const uint32_t pair = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+            if constexpr (kPInS)
+              s[8 * kk + q] = __uint_as_float(pair);  // after the elements it replaces were read
+            else
+              pa[kk][q] = pair;
+          }
       }
       STAMP(t, 4);
       mbarrier_wait(&sm.v_full[slot], phase);
@@ -402,17 +466,19 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
       {
         // O += P.V: Bc/16 steps of 16 keys; V is N-major (rows of D elements), 2048 bytes per
         // step of 16 rows, column blocks kBc * 128 bytes apart.
-        const uint64_t v_desc = smem_descriptor(smem_addr(sm.v[slot]), kBc * kRowBytes, 1024);
+        const uint64_t v_desc =
+            uniform(smem_descriptor(smem_addr(sm.v[slot]), kBc * kRowBytes, 1024));
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBc / 16; ++kk) {
           const uint64_t bv = advance(v_desc, kk * 16 * kRowBytes);
-          const uint32_t pa[4] = {__float_as_uint(s[8 * kk]), __float_as_uint(s[8 * kk + 1]),
-                                  __float_as_uint(s[8 * kk + 2]), __float_as_uint(s[8 * kk + 3])};
+          uint32_t a[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) a[q] = kPInS ? __float_as_uint(s[8 * kk + q]) : pa[kk][q];
           if constexpr (D == 64)
-            wgmma_rs_n64<T>(o, pa, bv, 1);
+            wgmma_rs_n64<T>(o, a, bv, 1);
           else
-            wgmma_rs_n128<T>(o, pa, bv, 1);
+            wgmma_rs_n128<T>(o, a, bv, 1);
         }
         wgmma_commit();
         wgmma_wait<0>();

@@ -217,30 +217,50 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
   }
 }
 
-// The merge of one output row by one warp, as in 03-05: split s holds O_s (normalised over its
-// keys) and LSE_s; with m = max_s LSE_s, O = sum_s e^(LSE_s - m) O_s / sum_s e^(LSE_s - m) and
-// LSE = m + log of that sum. Splits in index order: the result is the same bits every run. The
-// partials come from other SMs of this launch, so they are read through L2 (__ldcg).
+// The merge of one output row by one warp, as in 03-06, with its loads overlapped: split s holds
+// O_s (normalised over its keys) and LSE_s; with m = max_s LSE_s, O = sum_s e^(LSE_s - m) O_s /
+// sum_s e^(LSE_s - m) and LSE = m + log of that sum. Splits in index order: the result is the same
+// bits every run. The partials come from other SMs of this launch, so they are read through L2
+// (__ldcg). The merge is the last step of a split launch, after the slowest split: each round
+// trip to L2 it saves comes off the launch's time.
 template <typename T, int D>
 __device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, int64_t b, int64_t h,
                                           int64_t i, int lane) {
   constexpr int E = D / kWarp;
   const int64_t n_rows = p.b * p.hq * p.sq;
   const int64_t row = (b * p.hq + h) * p.sq + i;
-  float m = -INFINITY;
-  for (int s = lane; s < w.num_splits; s += kWarp)
-    m = fmaxf(m, __ldcg(w.lse_partial + s * n_rows + row));
-  m = warp_max(m);
-  const float shift = m == -INFINITY ? 0.0f : m;
-  float sum_w = 0.0f, acc[E] = {};
-#pragma unroll 8
-  for (int s = 0; s < w.num_splits; ++s) {
-    const float weight = expf(__ldcg(w.lse_partial + s * n_rows + row) - shift);
-    const float* part = w.o_partial + (s * n_rows + row) * D + lane * E;
-    sum_w += weight;
+  // One pass, kChunk splits at a time, every load of a chunk issued before the first is used: one
+  // L2 round trip per 16 splits, not one for the maximum and then one per few splits. The maximum
+  // is kept as it runs, as the online softmax keeps a row's, and the sums rescaled when it grows.
+  constexpr int kChunk = 16;
+  float m = -INFINITY, sum_w = 0.0f, acc[E] = {};
+  for (int s0 = 0; s0 < w.num_splits; s0 += kChunk) {
+    float lse[kChunk], part[kChunk][E];
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] += weight * __ldcg(part + e);
+    for (int c = 0; c < kChunk; ++c) {
+      const int64_t s = min(s0 + c, w.num_splits - 1);  // past the last split: read, weighed 0
+      lse[c] = __ldcg(w.lse_partial + s * n_rows + row);
+      load_floats_cg<E>(w.o_partial + (s * n_rows + row) * D + lane * E, part[c]);
+    }
+    float m_new = m;
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c)
+      if (s0 + c < w.num_splits) m_new = fmaxf(m_new, lse[c]);
+    const float shift = m_new == -INFINITY ? 0.0f : m_new;
+    const float rescale = expf(m - shift);  // 0 while m = -inf
+    sum_w *= rescale;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] *= rescale;
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      const float weight = s0 + c < w.num_splits ? expf(lse[c] - shift) : 0.0f;  // 0: empty split
+      sum_w += weight;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[e] += weight * part[c][e];
+    }
+    m = m_new;
   }
+  const float shift = m == -INFINITY ? 0.0f : m;
   const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] *= inv;
