@@ -446,24 +446,26 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
     };
     // After S(t) has landed: K(t) is read; the softmax leaves its exponentials in S and returns
     // O's factors in alpha, touching neither O nor P.
-    auto softmax = [&](int t, float(&alpha)[2]) {
+    auto softmax = [&](int t, float(&alpha)[2], bool retry = false) -> bool {
       alpha[0] = alpha[1] = 1.0f;
       if (!active) {
         if (lane == 0) mbarrier_arrive(&sm.k_empty[slot_of(t)]);
-        return;
+        return false;
       }
       // First the exponentials with the maxima as they stand (a warp whose rows have all seen
       // keys, in a tile without masked scores). If one may exceed 2^kLazy anywhere in the
       // warpgroup (named barrier 8 + cw), S(t) is computed again (K(t) is still in its slot) and
-      // the tile takes the path with its maximum, below. Not in the large D = 64 CTA (kPInS):
-      // a second S there makes ptxas serialise every product (C7514).
-      const bool eligible = !kPInS && t > 0 && t < n_unmasked;  // the same in the warpgroup
+      // the tile takes the path with its maximum, below. In the large D = 64 CTA (kPInS) the
+      // softmax returns true instead and the loop issues S(t) again from its one issue site: a
+      // second site there makes ptxas serialise every product (C7514).
+      const bool eligible = !retry && t > 0 && t < n_unmasked;  // the same in the warpgroup
       const bool stale =
           eligible && __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
       float tot[2];
       const bool over = stale && stale_softmax(s, m, scale, tot);
       const bool again = eligible && named_barrier_any(8 + cw, kWarpGroup, over);
       if (again) {
+        if constexpr (kPInS) return true;  // the caller computes S(t) again (one issue site)
         wgmma_fence();
         issue_s(t);
         wgmma_wait<0>();
@@ -472,7 +474,7 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
       if (stale && !again) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) l[h] += tot[h];
-        return;
+        return false;
       }
       // The rows' key limits in the tile matter only where a score may be masked: computed
       // there alone, their 64-bit arithmetic stays off the other tiles' softmax.
@@ -487,6 +489,7 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
         online_softmax<true>(s, m, l, alpha, limit, t >= n_unmasked, quad_col, scale);
       else
         online_softmax<false>(s, m, l, alpha, limit, t >= n_unmasked, quad_col, scale);
+      return false;
     };
     // After P.V has landed (or before the first): rescale O, round P(t) from S(t).
     auto next_p = [&](const float(&alpha)[2]) {
@@ -537,13 +540,15 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
           issue_pv(t - 1);
           wgmma_wait<0>();
           if (lane == 0) mbarrier_arrive(&sm.v_empty[slot_of(t - 1)]);
-          wgmma_fence();
-          issue_s(t);
-          turn_end(cw);
-          STAMP(t, 2);
-          wgmma_wait<0>();
-          STAMP(t, 3);
-          softmax(t, alpha);
+          for (bool retry = false;; retry = true) {  // again only if the softmax asks
+            wgmma_fence();
+            issue_s(t);
+            if (!retry) turn_end(cw);
+            STAMP(t, 2);
+            wgmma_wait<0>();
+            STAMP(t, 3);
+            if (!softmax(t, alpha, retry)) break;
+          }
           STAMP(t, 4);
         } else {
           issue_s(t);
