@@ -214,10 +214,11 @@ __device__ __forceinline__ void attend_gqa_row(const AttnParams& p, const T* q, 
   if (lane < HPW) smem_lse[lane] = l_lane > 0.0f ? (m_lane + log2f(l_lane)) * kLn2 : -INFINITY;
 }
 
-// Resident CTAs per SM asked of the compiler, for the persistent loop's live values: GQA 3 (4
-// heads per warp; 4 CTAs would spill), 4 or 2; 8 warp rows 4 (D = 128) or 3; key warps 6.
+// Resident CTAs per SM asked of the compiler, for the persistent loop's live values: GQA 4, as in
+// 02 (at 4 heads per warp and D = 64, 3: 4 would spill), or 2 (8 heads); 8 warp rows 4 (D = 128)
+// or 3; key warps 6.
 constexpr int min_ctas_per_sm(int hpw, int kw, int d) {
-  return hpw == 1 ? (kw > 1 ? 6 : d == 128 ? 4 : 3) : hpw == 4 ? 3 : hpw == 8 ? 2 : 4;
+  return hpw == 1 ? (kw > 1 ? 6 : d == 128 ? 4 : 3) : hpw == 8 ? 2 : hpw == 4 && d == 64 ? 3 : 4;
 }
 
 // Shared memory of a CTA of Br warp rows of HPW heads, KW key warps each.
