@@ -16,8 +16,11 @@ The shapes come from the C++ binary (`attn_runner --shapes-json > shapes.json`),
 defined in one place only. The output is Google Benchmark's JSON schema with names
 `<peer>/<shape>`, as the stages' are `<stage>/<shape>`, so tools/plot.py reads it like bench.json.
 
-Timing follows the C++ harness: warm-up, then samples of n back-to-back launches with n chosen so
-a sample lasts at least 1 ms, CUDA events around each sample, the median reported. Latency-bound
+Timing follows the C++ harness (common/timer.h), with its constants: warm-up, then samples of n
+back-to-back launches with n chosen so a sample lasts at least 2 ms, CUDA events around each
+sample, up to 100 samples in about a second, the median reported. The window matters: a GPU slows
+its clock when a kernel draws its power limit, a few hundred milliseconds in, so a peer sampled
+over a shorter window than the stages would be timed at a higher clock. Latency-bound
 shapes (`graph: true`) are launched from a CUDA graph, because Python's launch overhead (tens of
 µs) would otherwise be what we measure.
 
@@ -41,9 +44,9 @@ import warnings
 from datetime import datetime
 
 WARMUP_LAUNCHES = 3
-TARGET_SAMPLE_MS = 1.0      # one sample must outlast event resolution and launch jitter
+TARGET_SAMPLE_MS = 2.0      # as the C++ harness: outlasts event resolution and launch jitter
 MIN_SAMPLES = 10
-MAX_SAMPLES = 50
+MAX_SAMPLES = 100
 SAMPLING_BUDGET_S = 1.0     # stop taking samples after this long, once MIN_SAMPLES are in
 CALIBRATION_ROUNDS = 4
 
@@ -135,7 +138,7 @@ def time_launches(torch, launch, num_sets, use_graph):
     build = graphed if use_graph else eager
     quantum = num_sets if use_graph else 1
 
-    # n = ceil(1 ms / t_single). A single launch's time is inflated by launch latency, so n comes
+    # n = ceil(2 ms / t_single). A single launch's time is inflated by launch latency, so n comes
     # out too small at first; re-measure with the new n until it stops growing.
     n = quantum
     run = build(n)
