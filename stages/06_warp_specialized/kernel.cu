@@ -274,7 +274,7 @@ __device__ __forceinline__ bool stale_softmax(float (&s)[N], const float (&m)[2]
 // key at exp2(-inf - 0) = 0 instead of the NaN of -inf - (-inf).
 // m moves only when the tile's maximum exceeds it by more than kLazy (log2 units): the
 // exponentials then stay below 2^kLazy = 256, far inside fp32, bf16 and fp16, and alpha is 1, so
-// the rescaling of O between one tile's P.V and the next turn is skipped for most tiles. O and l
+// the rescaling of O after the softmax is skipped for most tiles. O and l
 // are scaled by the same 2^-m, which the epilogue's O / l and LSE = m + log2 l undo exactly.
 template <bool Pos, int N>
 __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], float (&l)[2],
