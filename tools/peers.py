@@ -9,7 +9,8 @@ scaled_dot_product_attention with each of its fused backends pinned in turn:
     sdpa_cudnn      SDPBackend.CUDNN_ATTENTION       (cuDNN's fused attention)
 
 and, in the same run, the two ceilings every figure is compared with: a device-to-device copy (GB/s)
-and a bf16 matmul (TFLOP/s). Measuring them here rather than quoting the datasheet keeps the
+and a bf16 matmul (TFLOP/s); for each decode shape also a copy of the shape's own byte count
+(`copy/<shape>`), the ceiling at that size. Measuring them here rather than quoting the datasheet keeps the
 percentages honest for this GPU, clock and driver.
 
 The shapes come from the C++ binary (`attn_runner --shapes-json > shapes.json`), so the suite is
@@ -269,6 +270,28 @@ def matmul_ceiling(torch):
     return ok_entry("ceiling/matmul_bf16", time_us, samples, n, flops=2 * MATMUL_N ** 3)
 
 
+def copy_of_shape(torch, shape):
+    """`copy/<shape>`: a device-to-device copy that moves as many bytes as the shape (read plus
+    written), from as many rotated sources as the shape has input sets. This is the copy ceiling
+    at the shape's size: a short launch cannot amortise its ramp and tail the way the 1 GiB copy
+    does, so a memory-bound kernel of this size is compared with it as well as with the ceiling."""
+    name = f"copy/{shape['name']}"
+    try:
+        n = max(1, int(shape["bytes"]) // 4)  # bf16 elements read, and as many written
+        sources = [torch.randn(n, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(max(1, int(shape.get("input_sets", 1))))]
+        dst = torch.empty_like(sources[0])
+        time_us, samples, count = time_launches(torch, lambda i: dst.copy_(sources[i]),
+                                                len(sources), shape["graph"])
+        entry = ok_entry(name, time_us, samples, count, num_bytes=4 * n,
+                         input_sets=len(sources))
+    except Exception as exc:
+        entry = error_entry(name, describe_failure(exc, []))
+    free_cuda_memory(torch)
+    print_entry(entry)
+    return entry
+
+
 def measure_ceilings(torch):
     entries = []
     for name, measure in (("ceiling/copy", copy_ceiling), ("ceiling/matmul_bf16", matmul_ceiling)):
@@ -461,6 +484,8 @@ def main(argv=None):
     write_results(args.out, context, entries)
     for shape in shapes:
         entries.extend(measure_shape(torch, shape))
+        if shape["kind"] == "decode":
+            entries.append(copy_of_shape(torch, shape))
         free_cuda_memory(torch)  # the shape's input sets died with measure_shape()
         write_results(args.out, context, entries)
 

@@ -583,6 +583,48 @@ def build_stage_table(results, stage):
     return "\n".join(lines) + "\n"
 
 
+DECODE_BEGIN_MARKER = "<!-- BEGIN DECODE TABLE -->"
+DECODE_END_MARKER = "<!-- END DECODE TABLE -->"
+
+
+def build_decode_table(results, stage):
+    """A notebook's decode table: the stage on each decode shape against the copy ceiling and
+    against a copy of the shape's own bytes (`copy/<shape>` in peers.json), which a launch that
+    short cannot amortise its ramp and tail in. Missing entries read as a dash."""
+    copy = results.ceiling_copy()
+    shapes = sorted((m.group(0) for m in map(DECODE_NAME.match, results.shapes()) if m),
+                    key=lambda name: tuple(int(x) for x in DECODE_NAME.match(name).groups()))
+    lines = [f"| shape | `{stage}` (µs) | GB/s | share of the copy ceiling | a copy of the same "
+             f"bytes (µs) | its share of the ceiling | `{stage[:2]}` vs that copy |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for shape in shapes:
+        def cell(value, fmt=format_number):
+            return MISSING if value is None else fmt(value)
+        rate, same = results.get(stage, shape, "GBps"), results.get("copy", shape, "GBps")
+        share = lambda r: None if r is None or not copy else r / copy
+        lines.append("| " + " | ".join([
+            f"`{shape}`", cell(results.get(stage, shape, "us")), cell(rate),
+            cell(share(rate), lambda v: f"{v:.2f}"), cell(results.get("copy", shape, "us")),
+            cell(share(same), lambda v: f"{v:.2f}"),
+            ratio_cell(speedup(results, stage, "copy", shape, "us"))]) + " |")
+    lines.append("")
+    lines.append(f"The same run as the stage table; the ceiling is the 1 GiB copy "
+                 f"({format_number(copy) if copy else MISSING} GB/s). A ratio above 1× means "
+                 f"faster than the copy of the same bytes.")
+    return "\n".join(lines) + "\n"
+
+
+def replace_block(text, begin_marker, end_marker, block, path):
+    """text with block between the two markers, or text unchanged when it has no begin marker."""
+    begin = text.find(begin_marker)
+    if begin < 0:
+        return text
+    end = text.find(end_marker, begin)
+    if end < 0:
+        raise ValueError(f"{path}: '{end_marker}' is missing after '{begin_marker}'")
+    return text[:begin + len(begin_marker)] + "\n\n" + block + "\n" + text[end:]
+
+
 def update_notebooks(notebooks_dir, results):
     """Rewrite the stage table of every notebook NN_name.md whose stage is in the results."""
     updated = []
@@ -595,12 +637,10 @@ def update_notebooks(notebooks_dir, results):
             text = f.read()
         if STAGE_BEGIN_MARKER not in text:
             continue
-        begin = text.find(STAGE_BEGIN_MARKER)
-        end = text.find(STAGE_END_MARKER, begin)
-        if end < 0:
-            raise ValueError(f"{path}: '{STAGE_END_MARKER}' is missing after '{STAGE_BEGIN_MARKER}'")
-        block = build_stage_table(results, stage)
-        new_text = text[:begin + len(STAGE_BEGIN_MARKER)] + "\n\n" + block + "\n" + text[end:]
+        new_text = replace_block(text, STAGE_BEGIN_MARKER, STAGE_END_MARKER,
+                                 build_stage_table(results, stage), path)
+        new_text = replace_block(new_text, DECODE_BEGIN_MARKER, DECODE_END_MARKER,
+                                 build_decode_table(results, stage), path)
         if new_text != text:
             with open(path, "w", encoding="utf-8", newline="") as f:
                 f.write(new_text)
@@ -621,7 +661,8 @@ def parse_args(argv=None):
                         help="README whose results table is rewritten (default: README.md)")
     parser.add_argument("--notebooks", metavar="DIR",
                         help="instead of the README and the figure, rewrite the stage table of "
-                             "every notebook DIR/NN_name.md (between its STAGE TABLE markers)")
+                             "every notebook DIR/NN_name.md (between its STAGE TABLE markers, "
+                             "and its DECODE TABLE markers where it has them)")
     return parser.parse_args(argv)
 
 

@@ -167,8 +167,11 @@ def test_notebook_tables(workdir):
     os.makedirs(notebooks)
     before, after = "# A stage\n\nText.\n\n", "\n\n## Next\n"
     page = os.path.join(notebooks, stage + ".md")
+    decode = ("\n\n## Decode\n\n" + plot.DECODE_BEGIN_MARKER + "\nprevious decode table\n"
+              + plot.DECODE_END_MARKER)
     with open(page, "w", encoding="utf-8") as f:
-        f.write(before + plot.STAGE_BEGIN_MARKER + "\nstale\n" + plot.STAGE_END_MARKER + after)
+        f.write(before + plot.STAGE_BEGIN_MARKER + "\nstale\n" + plot.STAGE_END_MARKER + decode
+                + after)
     unmarked = os.path.join(notebooks, previous + ".md")
     with open(unmarked, "w", encoding="utf-8") as f:
         f.write("# No table here\n")
@@ -176,8 +179,17 @@ def test_notebook_tables(workdir):
     with open(page, encoding="utf-8") as f:
         text = f.read()
     check(text.startswith(before + plot.STAGE_BEGIN_MARKER), "text before the table changed")
-    check(text.endswith(plot.STAGE_END_MARKER + after), "text after the table changed")
-    check("stale" not in text, "the old table was not replaced")
+    check(text.endswith(plot.DECODE_END_MARKER + after), "text after the tables changed")
+    check("stale" not in text and "previous decode table" not in text,
+          "an old table was not replaced")
+    # The decode table: a row per decode shape; against a copy of the same bytes only where
+    # peers.json has one (the fixture: decode_b1_sk32768 alone), a dash elsewhere.
+    decode_rows = [line for line in text.split(plot.DECODE_BEGIN_MARKER)[1].splitlines()
+                   if line.startswith("| `decode_")]
+    check(len(decode_rows) == 6, f"the decode table has {len(decode_rows)} rows, not 6")
+    with_copy = [row for row in decode_rows if row.endswith("× |")]
+    check(len(with_copy) == 1 and with_copy[0].startswith("| `decode_b1_sk32768`"),
+          f"the copy of the same bytes is compared on the wrong rows: {with_copy}")
     header = next(line for line in text.splitlines() if line.startswith("| shape"))
     for column in (f"`{previous}`", f"`{stage}`", "FA2", "cuDNN", f"{stage[:2]} vs {previous[:2]}"):
         check(column in header, f"column {column} missing from {header}")

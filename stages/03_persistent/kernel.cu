@@ -8,6 +8,7 @@
 // What every stage computes: docs/contract.md. Why this stage: notebooks_md/03_persistent.md.
 #include <algorithm>
 #include <cmath>
+#include <cuda/atomic>
 
 #include "device.h"
 #include "dtype.cuh"
@@ -214,9 +215,8 @@ __device__ __forceinline__ void attend_gqa_row(const AttnParams& p, const T* q, 
   if (lane < HPW) smem_lse[lane] = l_lane > 0.0f ? (m_lane + log2f(l_lane)) * kLn2 : -INFINITY;
 }
 
-// Resident CTAs per SM asked of the compiler, for the persistent loop's live values: GQA 4, as in
-// 02 (at 4 heads per warp and D = 64, 3: 4 would spill), or 2 (8 heads); 8 warp rows 4 (D = 128)
-// or 3; key warps 6.
+// Resident CTAs per SM asked of the compiler, for the persistent loop's live values: GQA 4 (8
+// heads: 2; 4 heads at D = 64: 3, as 4 would spill); 8 warp rows 4 (D = 128) or 3; key warps 6.
 constexpr int min_ctas_per_sm(int hpw, int kw, int d) {
   return hpw == 1 ? (kw > 1 ? 6 : d == 128 ? 4 : 3) : hpw == 8 ? 2 : hpw == 4 && d == 64 ? 3 : 4;
 }
@@ -395,19 +395,18 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
     const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
     attend_block<T, D, Br, HPW, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, sm);
 
-    // 2. Fused merge: the CTA whose arrival completes the block's count merges the block and
-    //    sets the count back to zero for the next launch.
+    // 2. Fused merge: the CTA whose arrival completes the block's count (a release and acquire at
+    //    GPU scope between two barriers: the partials come first) merges it, resets the count.
     if (split.num_splits > 1) {
-      __threadfence();
       __syncthreads();
       if (threadIdx.x == 0) {
-        int* arrival = split.arrivals + (b * p.hkv + h_kv) * split.q_blocks + q_block;
-        s_last = atomicAdd(arrival, 1) == split.num_splits - 1;
-        if (s_last) *arrival = 0;
+        cuda::atomic_ref<int, cuda::thread_scope_device> arrival(
+            split.arrivals[(b * p.hkv + h_kv) * split.q_blocks + q_block]);
+        s_last = arrival.fetch_add(1, cuda::memory_order_acq_rel) == split.num_splits - 1;
+        if (s_last) arrival.store(0, cuda::memory_order_relaxed);
       }
       __syncthreads();
       if (s_last) {
-        __threadfence();  // order the partial reads after the other CTAs' arrivals
         const unsigned group = static_cast<unsigned>(p.hq / p.hkv);
         const unsigned rows = static_cast<unsigned>(p.sq) * group;
         const int rw = warp / KW, kw = warp % KW;  // each warp merges the rows it stored

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include <cuda/atomic>
 #include <mma.h>
 
 #include "device.h"
@@ -398,19 +399,18 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
     const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
     attend_block<T, D, Warps, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, sm);
 
-    // 2. Fused merge: the CTA whose arrival completes the block's count merges the block and
-    //    sets the count back to zero for the next launch.
+    // 2. Fused merge: the CTA whose arrival completes the block's count (a release and acquire at
+    //    GPU scope between two barriers: the partials come first) merges it, resets the count.
     if (split.num_splits > 1) {
-      __threadfence();
       __syncthreads();
       if (threadIdx.x == 0) {
-        int* arrival = split.arrivals + (b * p.hkv + h_kv) * split.q_blocks + q_block;
-        s_last = atomicAdd(arrival, 1) == split.num_splits - 1;
-        if (s_last) *arrival = 0;
+        cuda::atomic_ref<int, cuda::thread_scope_device> arrival(
+            split.arrivals[(b * p.hkv + h_kv) * split.q_blocks + q_block]);
+        s_last = arrival.fetch_add(1, cuda::memory_order_acq_rel) == split.num_splits - 1;
+        if (s_last) arrival.store(0, cuda::memory_order_relaxed);
       }
       __syncthreads();
       if (s_last) {
-        __threadfence();  // order the partial reads after the other CTAs' arrivals
         const unsigned group = static_cast<unsigned>(p.hq / p.hkv);
         const unsigned rows = static_cast<unsigned>(p.sq) * group;
         const int rw = warp / KW, kw = warp % KW;  // each warp merges the rows it stored

@@ -21,6 +21,8 @@
 #include <string>
 #include <type_traits>
 
+#include <cuda/atomic>
+
 #include "device.h"
 #include "dtype.cuh"
 #include "hopper.cuh"
@@ -524,22 +526,21 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
       }
     }
 
-    // The fused merge (03): every consumer thread makes its partials visible device-wide, one
-    // thread counts the split in, and the CTA that brings the count to num_splits merges the
-    // block's rows, one row per consumer warp, and sets the count back to zero for the next launch.
+    // The fused merge (03): one consumer thread counts the split in, and the CTA that brings the
+    // count to num_splits merges the block's rows, one row per consumer warp, and sets the count
+    // back to zero for the next launch. The count is a release and an acquire (GPU scope): with
+    // the barriers around it, it orders every CTA's partials before the merge.
     if (w.num_splits > 1) {
-      __threadfence();
       named_barrier_sync(1, kConsumers * kWarpGroup);
       if (cw == 0 && wq == 0 && lane == 0) {
-        int* arrival =
-            w.arrivals + ((it.b * (p.hq >> w.log2_pack) + it.hs) * w.q_blocks + it.q_block);
-        const bool last = atomicAdd(arrival, 1) == w.num_splits - 1;
-        if (last) *arrival = 0;
+        cuda::atomic_ref<int, cuda::thread_scope_device> arrival(
+            w.arrivals[(it.b * (p.hq >> w.log2_pack) + it.hs) * w.q_blocks + it.q_block]);
+        const bool last = arrival.fetch_add(1, cuda::memory_order_acq_rel) == w.num_splits - 1;
+        if (last) arrival.store(0, cuda::memory_order_relaxed);
         sm.last_split = last;
       }
       named_barrier_sync(1, kConsumers * kWarpGroup);
       if (sm.last_split) {
-        __threadfence();  // order the partial reads after the other CTAs' arrivals
         for (unsigned r = it.row0 + cw * 4 + wq; r < it.row0 + kBr && r < rows; r += kConsumers * 4)
           merge_row<T, D>(p, w, it.b, (it.hs << w.log2_pack) + (r & pack_mask), r >> w.log2_pack,
                           lane);
