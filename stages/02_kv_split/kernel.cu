@@ -4,8 +4,8 @@
 // Stage 02 extends 01 by splitting the keys of a grid too small for the GPU (seed, decode) into
 // num_splits ranges, each run by its own CTA, which writes an fp32 partial output and its LSE; a
 // second kernel merges them by their LSEs. Inside a CTA, KW key warps share a row's keys, merged
-// the same way. Second idea, for decode: GQA packing, a warp row of HPW query heads that reads
-// each K and V row once for all of them, in coalesced lane groups (attend_gqa_row).
+// the same way. Second idea, for decode: GQA packing, a warp row of HPW > 1 query heads of one kv
+// head, so that 01's lane groups read each K and V row once for all of them.
 // What every stage computes: docs/contract.md. Why this stage: notebooks_md/02_kv_split.md.
 #include <algorithm>
 #include <cmath>
@@ -22,7 +22,7 @@ namespace {
 constexpr const char* kStageName = "02_kv_split";
 constexpr int kMinSm = 80;
 constexpr int kBr = 8;           // warp rows per CTA without key warps, as in 01
-constexpr int kBc = kWarp;       // keys per step of the online softmax: one per lane
+constexpr int kBc = kWarp;       // keys per step of the online softmax
 constexpr int kKeyWarps = 4;     // key warps per warp row, when a CTA has them
 constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
 
@@ -35,76 +35,20 @@ struct SplitArgs {
   int64_t q_blocks = 0;          // query blocks per (batch, kv head)
 };
 
-// 01's loop: one warp, one query row q, over the tiles kw, kw + KW, ... of its keys [kv_begin,
-// kv_end) of k and v. Leaves the running max m (log2 units), the sum l and the unnormalised o_acc.
-template <typename T, int D, int KW>
+// 01's loop: one warp, HPW query heads of one query position (GQA packing: HPW > 1 heads of a GQA
+// group read each K and V row once for all of them), over the tiles kw, kw + KW, ... of its keys
+// [kv_begin, kv_end) of k and v ([Sk][D] each, row strides in p). Lanes work in groups of G = D/8 that
+// read one K or V row together, 16 bytes each, so that a load instruction moves KPI = 32/G whole
+// rows, coalesced. Lane (g, c) = (lane / G, lane % G) keeps elements [8c, 8c + 8) of each head's q
+// and forms partial dot products with the same elements of its rows; transpose_sum (warp.cuh)
+// finishes G of them at once and leaves each lane the score of one key (key (ch*R + c/HPW)*KPI + g
+// of the tile, head c % HPW). P goes through shared memory to P.V. Leaves each head's O,
+// normalised, in smem_o and its LSE (natural log) in smem_lse.
+template <typename T, int D, int HPW, int KW>
 __device__ __forceinline__ void attend_row(const AttnParams& p, const T* q, const T* k, const T* v,
                                            int64_t kv_begin, int64_t kv_end, int kw, int lane,
-                                           float (&smem_q)[D],
-                                           float& m, float& l, float (&o_acc)[D / kWarp]) {
-  constexpr int E = D / kWarp;
-  // 1. The query row, fp32, in shared memory: each lane needs all of it for its key's score.
-  float q_frag[E];
-  load_as_float<E>(q + lane * E, q_frag);
-#pragma unroll
-  for (int e = 0; e < E; ++e) smem_q[lane * E + e] = q_frag[e];
-  __syncwarp();
-
-  // 2. Online softmax over tiles of Bc = 32 keys. m is the running maximum of the scores seen so
-  //    far, l the running sum of exp(score - m) (kept per lane for the lane's own keys, summed
-  //    at the end), o_acc the running sum of exp(score - m) * V. When a tile raises the maximum
-  //    from m to m_new, everything accumulated so far was scaled by exp(-m) and must be rescaled
-  //    by exp(m - m_new): the result is exactly the softmax over all keys seen, and no exp()
-  //    argument is ever positive, so nothing overflows.
-  float l_lane = 0.0f;
-  m = -INFINITY;
-  for (int64_t kv_tile = kv_begin + kw * kBc; kv_tile < kv_end; kv_tile += KW * kBc) {
-    // 2a. Lane l scores key j = kv_tile + l: its K row in 16-byte loads, two independent partial
-    //     sums. A lane past kv_end reads the last visible key (in bounds) and is masked to -inf.
-    const int64_t j = kv_tile + lane;
-    const T* k_row = k + min(j, kv_end - 1) * p.k_seq_stride;  // [D]
-    float partial[2] = {};
-#pragma unroll
-    for (int d0 = 0; d0 < D; d0 += 8) {
-      float k8[8];
-      load_as_float<8>(k_row + d0, k8);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) partial[e % 2] += smem_q[d0 + e] * k8[e];
-    }
-
-    // 2b. New running maximum (finite: the tile has a visible key); P for this lane's key.
-    const float s = j < kv_end ? (partial[0] + partial[1]) * p.scale : -INFINITY;
-    const float m_new = fmaxf(m, warp_max(s));
-    const float alpha = exp2f(m - m_new);   // 0 on the first tile (m = -inf)
-    const float p_lane = exp2f(s - m_new);  // 0 when masked
-    l_lane = l_lane * alpha + p_lane;
-#pragma unroll
-    for (int e = 0; e < E; ++e) o_acc[e] *= alpha;
-    m = m_new;
-
-    // 2c. P.V, key by key: p_j comes from the lane that scored key j. Masked keys have p_j = 0
-    //     and read a visible row (in bounds).
-#pragma unroll
-    for (int jj = 0; jj < kBc; ++jj) {
-      float v_frag[E];
-      load_as_float<E>(v + min(kv_tile + jj, kv_end - 1) * p.v_seq_stride + lane * E, v_frag);
-      const float p_j = __shfl_sync(kFullMask, p_lane, jj);
-#pragma unroll
-      for (int e = 0; e < E; ++e) o_acc[e] += p_j * v_frag[e];
-    }
-  }
-  l = warp_sum(l_lane);
-}
-
-// GQA packing: a warp row of HPW > 1 heads (decode), reading each K and V byte once, coalesced:
-// G = D/8 lanes read a row, 16 bytes each; lane (g, c) forms partial dot products with 8 elements
-// of every head's q, and one transpose_sum finishes G of them (the score of key (ch*R + c/HPW)*KPI
-// + g, head c % HPW). P goes through shared memory to P.V. Leaves normalised O and LSE in slots.
-template <typename T, int D, int HPW, int KW>
-__device__ __forceinline__ void attend_gqa_row(const AttnParams& p, const T* q, const T* k,
-                                               const T* v, int64_t kv_begin, int64_t kv_end,
-                                               int kw, int lane, float (&smem_p)[kBc][HPW],
-                                               float (&smem_o)[HPW][D], float (&smem_lse)[HPW]) {
+                                           float (&smem_p)[kBc][HPW], float (&smem_o)[HPW][D],
+                                           float (&smem_lse)[HPW]) {
   constexpr int G = D / 8;        // lanes per K or V row
   constexpr int KPI = kWarp / G;  // rows per load instruction: 2 (D = 128) or 4 (D = 64)
   constexpr int R = G / HPW;      // loads per chunk of G partial sums
@@ -119,6 +63,12 @@ __device__ __forceinline__ void attend_gqa_row(const AttnParams& p, const T* q, 
     for (int e = 0; e < 8; ++e) qr[hh][e] *= p.scale;
   }
 
+  // Online softmax over tiles of Bc = 32 keys. m is the running maximum of the scores seen so far,
+  // l the running sum of exp(score - m) (kept per lane for the lane's own keys, summed at the end),
+  // acc the running sum of exp(score - m) * V. When a tile raises the maximum from m to m_new,
+  // everything accumulated so far was scaled by exp(-m) and must be rescaled by exp(m - m_new): the
+  // result is exactly the softmax over all keys seen, and no exp() argument is ever positive, so
+  // nothing overflows.
   float m_lane = -INFINITY, l_lane = 0.0f;  // head c % HPW: running max, this lane's part of l
   float acc[HPW][8] = {};  // O of every head over elements [8c, 8c + 8), keys of group g
   for (int64_t kv_tile = kv_begin + kw * kBc; kv_tile < kv_end; kv_tile += KW * kBc) {
@@ -144,16 +94,17 @@ __device__ __forceinline__ void attend_gqa_row(const AttnParams& p, const T* q, 
       if (kv_tile + (ch * R + c / HPW) * KPI + g >= kv_end) s[ch] = -INFINITY;
     }
 
-    // Online softmax of head c % HPW: the maximum over its lanes, P into shared memory.
+    // The new running maximum of head c % HPW over its lanes (finite: the tile has a visible
+    // key); P into shared memory.
     float tile_max = s[0];
 #pragma unroll
     for (int ch = 1; ch < HPW; ++ch) tile_max = fmaxf(tile_max, s[ch]);
 #pragma unroll
     for (int offset = HPW; offset < kWarp; offset *= 2)
       tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, offset));
-    const float m_new = fmaxf(m_lane, tile_max);  // finite: the tile has a visible key
-    const float alpha = exp2f(m_lane - m_new);     // 0 on the first tile (m = -inf)
-    __syncwarp();                                  // every lane has read the previous tile's P
+    const float m_new = fmaxf(m_lane, tile_max);
+    const float alpha = exp2f(m_lane - m_new);  // 0 on the first tile (m = -inf)
+    __syncwarp();                               // every lane has read the previous tile's P
     float p_sum = 0.0f;
 #pragma unroll
     for (int ch = 0; ch < HPW; ++ch) {
@@ -165,7 +116,8 @@ __device__ __forceinline__ void attend_gqa_row(const AttnParams& p, const T* q, 
     m_lane = m_new;
     __syncwarp();
 
-    // P.V with the same lane groups: lane (g, c) takes keys g, g + KPI, ... of the tile.
+    // P.V with the same lane groups: lane (g, c) takes keys g, g + KPI, ... of the tile. Masked
+    // keys have P = 0 and read a visible row (in bounds).
 #pragma unroll
     for (int hh = 0; hh < HPW; ++hh) {
       const float a = __shfl_sync(kFullMask, alpha, hh);  // lane hh holds head hh
@@ -220,8 +172,7 @@ constexpr int min_ctas_per_sm(int hpw, int, int) { return hpw == 1 ? 0 : hpw == 
 template <int D, int Br, int HPW, int KW>
 struct Smem {
   static constexpr int kRows = Br * HPW;  // packed query rows of the CTA
-  float q[HPW > 1 ? 1 : Br * KW][D];      // [warps][D]: each warp's query row, fp32 (HPW = 1)
-  float p[HPW > 1 ? KW : 1][kBc][HPW];    // [KW][Bc][HPW]: each key warp's P tile (HPW > 1)
+  float p[Br * KW][kBc][HPW];             // [warps][Bc][HPW]: each warp's P tile
   float o[KW][kRows][D];                  // [KW][rows][D]: each key warp's output rows
   float row_lse[KW][kRows];               // [KW][rows]: their LSEs
 };
@@ -271,22 +222,9 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
       if (lane == 0) split.lse_partial[split_idx * n_rows + row] = lse;
     }
   };
-  if constexpr (HPW > 1) {
-    attend_gqa_row<T, D, HPW, KW>(p, q, k, v, kv_begin, kv_end, kw, lane, sm.p[kw],
-                                  *reinterpret_cast<float(*)[HPW][D]>(sm.o[kw][rw * HPW]),
-                                  *reinterpret_cast<float(*)[HPW]>(&sm.row_lse[kw][rw * HPW]));
-  } else {
-    float m, l, o_acc[E] = {};
-    attend_row<T, D, KW>(p, q, k, v, kv_begin, kv_end, kw, lane, sm.q[warp], m, l, o_acc);
-    // Normalise. An empty row or split has l = 0: O = 0 and LSE = -inf.
-    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) o_acc[e] *= inv_l;
-    const float lse = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
-    if constexpr (KW == 1) return store_row(i, h0, o_acc, lse);  // the warp's row is its own
-    store_floats<E>(&sm.o[kw][rw][lane * E], o_acc);  // else leave it for the merge
-    if (lane == 0) sm.row_lse[kw][rw] = lse;
-  }
+  attend_row<T, D, HPW, KW>(p, q, k, v, kv_begin, kv_end, kw, lane, sm.p[warp],
+                            *reinterpret_cast<float(*)[HPW][D]>(sm.o[kw][rw * HPW]),
+                            *reinterpret_cast<float(*)[HPW]>(&sm.row_lse[kw][rw * HPW]));
   // A warp stores rows it computed; with key warps, rows hold parts from every warp of the CTA.
   if constexpr (KW == 1) __syncwarp();
   else __syncthreads();
