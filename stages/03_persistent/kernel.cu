@@ -168,9 +168,10 @@ __device__ __forceinline__ void attend_row(const AttnParams& p, const T* q, cons
 }
 
 // Resident CTAs per SM asked of the compiler, for the persistent loop's live values: GQA 4 (8
-// heads: 2; 4 heads at D = 64: 3, as 4 would spill); one head per warp none, the compiler's own.
-constexpr int min_ctas_per_sm(int hpw, int, int d) {
-  return hpw == 1 ? 0 : hpw == 8 ? 2 : hpw == 4 && d == 64 ? 3 : 4;
+// heads: 2; 4 heads at D = 64: 3, as 4 would spill); 8 warp rows 4 (D = 128) or 3; key warps none,
+// the compiler's own (at 6 they would spill hundreds of bytes).
+constexpr int min_ctas_per_sm(int hpw, int kw, int d) {
+  return hpw == 1 ? (kw > 1 ? 0 : d == 128 ? 4 : 3) : hpw == 8 ? 2 : hpw == 4 && d == 64 ? 3 : 4;
 }
 
 // Shared memory of a CTA of Br warp rows of HPW heads, KW key warps each.
