@@ -40,7 +40,7 @@ def canvas(width, height, xlim, ylim):
 
 
 def naive(path):
-    """01: one warp per query row streams over the keys, 32 at a time, one key per lane."""
+    """01: one warp per query row streams over the keys, 32 at a time, lanes in groups of D/8."""
     fig, ax = canvas(9, 3.6, (-2.2, 17.5), (-1.6, 6.6))
     ax.text(-2.1, 6.2, "one CTA = 8 query rows = 8 warps; each warp walks its row's keys, "
             "Bc = 32 keys per step", fontsize=9)
@@ -55,9 +55,9 @@ def naive(path):
     ax.text(5.5, -0.35, "now", ha="center", fontsize=8, color=ORANGE)
     ax.text(11, -0.35, "keys still to come (never stored: no Sq x Sk matrix)", ha="center",
             fontsize=8, color="0.4")
-    ax.text(8.2, -1.25, "per tile: lane l scores key j + l (whole dot product with q from shared "
-            "memory);  m_new = max(m, warp_max(s));  l = l·2^(m−m_new) + Σp;  o = o·2^(m−m_new) + "
-            "Σ p_j·v_j", ha="center", fontsize=8)
+    ax.text(8.2, -1.25, "per tile: D/8 lanes read a K row together (16 B each), transpose_sum leaves "
+            "each lane one score;  m_new = max(m, warp_max(s));  l = l·2^(m−m_new) + Σp;  "
+            "o = o·2^(m−m_new) + Σ p_j·v_j", ha="center", fontsize=8)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
