@@ -483,16 +483,17 @@ def build_block(results, png_path, readme_path):
     return f"{build_table(results)}\n\n{build_footer(results)}\n\n![progression]({image})\n"
 
 
-def replace_between_markers(text, block, where="README"):
-    begin = text.find(BEGIN_MARKER)
+def replace_between_markers(text, block, where="README", begin_marker=BEGIN_MARKER,
+                            end_marker=END_MARKER):
+    begin = text.find(begin_marker)
     if begin < 0:
-        raise ValueError(f"{where}: the line '{BEGIN_MARKER}' is missing; add it, and "
-                         f"'{END_MARKER}' after it, where the results table belongs")
-    end = text.find(END_MARKER, begin)
+        raise ValueError(f"{where}: the line '{begin_marker}' is missing; add it, and "
+                         f"'{end_marker}' after it, where the results table belongs")
+    end = text.find(end_marker, begin)
     if end < 0:
-        raise ValueError(f"{where}: '{END_MARKER}' is missing after '{BEGIN_MARKER}'")
+        raise ValueError(f"{where}: '{end_marker}' is missing after '{begin_marker}'")
     # Blank lines around the block: Markdown needs them for the table after an HTML comment.
-    return text[:begin + len(BEGIN_MARKER)] + "\n\n" + block + "\n" + text[end:]
+    return text[:begin + len(begin_marker)] + "\n\n" + block + "\n" + text[end:]
 
 
 def update_readme(readme_path, block):
@@ -614,17 +615,6 @@ def build_decode_table(results, stage):
     return "\n".join(lines) + "\n"
 
 
-def replace_block(text, begin_marker, end_marker, block, path):
-    """text with block between the two markers, or text unchanged when it has no begin marker."""
-    begin = text.find(begin_marker)
-    if begin < 0:
-        return text
-    end = text.find(end_marker, begin)
-    if end < 0:
-        raise ValueError(f"{path}: '{end_marker}' is missing after '{begin_marker}'")
-    return text[:begin + len(begin_marker)] + "\n\n" + block + "\n" + text[end:]
-
-
 def update_notebooks(notebooks_dir, results):
     """Rewrite the stage table of every notebook NN_name.md whose stage is in the results."""
     updated = []
@@ -637,10 +627,11 @@ def update_notebooks(notebooks_dir, results):
             text = f.read()
         if STAGE_BEGIN_MARKER not in text:
             continue
-        new_text = replace_block(text, STAGE_BEGIN_MARKER, STAGE_END_MARKER,
-                                 build_stage_table(results, stage), path)
-        new_text = replace_block(new_text, DECODE_BEGIN_MARKER, DECODE_END_MARKER,
-                                 build_decode_table(results, stage), path)
+        new_text = replace_between_markers(text, build_stage_table(results, stage), path,
+                                           STAGE_BEGIN_MARKER, STAGE_END_MARKER)
+        if DECODE_BEGIN_MARKER in new_text:
+            new_text = replace_between_markers(new_text, build_decode_table(results, stage),
+                                               path, DECODE_BEGIN_MARKER, DECODE_END_MARKER)
         if new_text != text:
             with open(path, "w", encoding="utf-8", newline="") as f:
                 f.write(new_text)
