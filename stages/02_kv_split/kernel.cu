@@ -163,6 +163,45 @@ __device__ __forceinline__ void attend_row(const AttnParams& p, const T* q, cons
   if (lane < HPW) smem_lse[lane] = l_lane > 0.0f ? (m_lane + log2f(l_lane)) * kLn2 : -INFINITY;
 }
 
+// Row i of head h, batch b: its O (lane l holds elements [l E, l E + E)) and LSE.
+template <typename T, int E>
+__device__ __forceinline__ void store_output(const AttnParams& p, int64_t b, int64_t h, int64_t i,
+                                             int lane, const float (&o_row)[E], float lse) {
+  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
+  store_from_float<E>(o + lane * E, o_row);
+  if (p.lse != nullptr && lane == 0) p.lse[(b * p.hq + h) * p.sq + i] = lse;
+}
+
+// The merge of n parts of one output row, part s normalised over its own keys, with its LSE at
+// lse[s * lse_stride] and its O at o + s * o_stride. With m = max_s LSE_s (-inf counted as 0, so
+// that an all-empty row stays finite) and w_s = exp(LSE_s - m): O = sum_s w_s O_s / sum_s w_s and
+// LSE = m + log sum_s w_s, summed in part order (bit-identical run to run). Lane l takes elements
+// [l E, l E + E) of O. Returns the LSE.
+template <int E>
+__device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_stride, const float* o,
+                                             int64_t o_stride, int n, int lane, float (&o_row)[E]) {
+  float m = -INFINITY;
+  for (int s = lane; s < n; s += kWarp) m = fmaxf(m, lse[s * lse_stride]);
+  m = warp_max(m);
+  const float shift = m == -INFINITY ? 0.0f : m;
+  float sum_w = 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o_row[e] = 0.0f;
+#pragma unroll 8  // eight parts' loads in flight, not one round trip per part
+  for (int s = 0; s < n; ++s) {
+    const float w = expf(lse[s * lse_stride] - shift);  // 0 for a part that saw no key
+    float part[E];
+    load_floats<E>(o + s * o_stride + lane * E, part);
+    sum_w += w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_row[e] += w * part[e];
+  }
+  const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o_row[e] *= inv;
+  return sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+}
+
 // Resident CTAs per SM asked of the compiler (the register bound): with GQA packing 4 (2 or 4
 // heads per warp: a 4th CTA's loads in flight are worth more registers) or 2 (8 heads: q and O
 // alone take 128 registers); without it none, the compiler's own choice.
@@ -264,62 +303,30 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   }
 }
 
-// The merge: one CTA of kCombineWarps warps per output row. Split s holds O_s (normalised over
-// its keys) and LSE_s. With m = max_s LSE_s (-inf counted as 0, so an all-empty row stays finite)
-// and w_s = exp(LSE_s - m): O = sum_s w_s O_s / sum_s w_s, LSE = m + log sum_s w_s. Warp w sums
-// splits w, w + 8, ... (8 times the loads in flight of one warp), then warp 0 adds the warps'
-// sums, in a fixed order: the result is bit-identical run to run.
+// The merge: one CTA of kCombineWarps warps per output row. Warp w merges splits w, w + 8, ...
+// (8 times the loads in flight of one warp), then warp 0 merges the warps' results.
 constexpr int kCombineWarps = 8;
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kCombineWarps * kWarp)
     combine_kernel(const AttnParams p, const SplitArgs split) {
   constexpr int E = D / kWarp;
-  __shared__ float smem_m[kCombineWarps], smem_w[kCombineWarps];
-  __shared__ __align__(16) float smem_o[kCombineWarps][D];  // [warps][D]: each warp's sum
+  __shared__ float smem_lse[kCombineWarps];
+  __shared__ __align__(16) float smem_o[kCombineWarps][D];  // [warps][D]: each warp's merge
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t n_rows = p.b * p.hq * p.sq, row = blockIdx.x;
   const int64_t i = row % p.sq, h = (row / p.sq) % p.hq, b = row / (p.sq * p.hq);
-
-  float m = -INFINITY;
-  for (int s = threadIdx.x; s < split.num_splits; s += blockDim.x)
-    m = fmaxf(m, split.lse_partial[s * n_rows + row]);
-  m = warp_max(m);
-  if (lane == 0) smem_m[warp] = m;
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < kCombineWarps; ++w) m = fmaxf(m, smem_m[w]);
-  const float shift = m == -INFINITY ? 0.0f : m;
-
-  float sum_w = 0.0f, o_acc[E] = {};
-#pragma unroll 4  // four of this warp's splits in flight at once
-  for (int s = warp; s < split.num_splits; s += kCombineWarps) {
-    const float w = expf(split.lse_partial[s * n_rows + row] - shift);  // 0 for an empty split
-    float part[E];
-    load_floats<E>(split.o_partial + (s * n_rows + row) * D + lane * E, part);
-    sum_w += w;
-#pragma unroll
-    for (int e = 0; e < E; ++e) o_acc[e] += w * part[e];
-  }
-  store_floats<E>(&smem_o[warp][lane * E], o_acc);
-  if (lane == 0) smem_w[warp] = sum_w;
+  const int n = (split.num_splits - warp + kCombineWarps - 1) / kCombineWarps;  // this warp's
+  float o_row[E];
+  const float lse = merge_parts<E>(split.lse_partial + warp * n_rows + row, kCombineWarps * n_rows,
+                                   split.o_partial + (warp * n_rows + row) * D,
+                                   kCombineWarps * n_rows * D, n, lane, o_row);
+  store_floats<E>(&smem_o[warp][lane * E], o_row);
+  if (lane == 0) smem_lse[warp] = lse;
   __syncthreads();
   if (warp != 0) return;
-  sum_w = 0.0f;
-#pragma unroll
-  for (int e = 0; e < E; ++e) o_acc[e] = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kCombineWarps; ++w) {
-    sum_w += smem_w[w];
-#pragma unroll
-    for (int e = 0; e < E; ++e) o_acc[e] += smem_o[w][lane * E + e];
-  }
-  const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
-#pragma unroll
-  for (int e = 0; e < E; ++e) o_acc[e] *= inv;
-  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
-  store_from_float<E>(o + lane * E, o_acc);
-  if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+  const float lse_row = merge_parts<E>(smem_lse, 1, &smem_o[0][0], D, kCombineWarps, lane, o_row);
+  store_output<T>(p, b, h, i, lane, o_row, lse_row);
 }
 
 // grid = work items (batch, kv head, query block, split), one CTA each: splits fastest, then
@@ -375,10 +382,10 @@ Kernel select_combine(const AttnParams& p) {
   return p.d == 64 ? combine_kernel<__nv_bfloat16, 64> : combine_kernel<__nv_bfloat16, 128>;
 }
 
-// How many key ranges: none unless the grid would leave the GPU part-empty; then the count with
+// How many key ranges: none unless the grid leaves an SM without a CTA; then the count with
 // the best wave efficiency (busy slots / all slots over its waves), the smallest on a tie.
-int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits) {
-  if (ctas_without_split * 10 >= slots * 8) return 1;  // >= 80% of one wave: splitting buys little
+int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits, int sms) {
+  if (ctas_without_split >= sms) return 1;  // every SM has a CTA: splitting buys little
   max_splits = std::min<int64_t>(kMaxSplits, max_splits);
   int best = 1;
   double best_efficiency = 0;
@@ -413,24 +420,20 @@ Status make_launch(const AttnParams& p, Launch* out) {
     c->slots = static_cast<int64_t>(c->ctas_per_sm) * device->sm_count;
     return Status::Ok();
   };
-  // Without GQA packing, 8 rows per CTA or key warps, whichever should finish first: the rounds
-  // (waves) of CTAs, ceil(CTAs / slots), times a round, in which a warp walks Sk / KW keys and
-  // shares its SM with ctas_per_sm * Br * KW warps. Key warps must win by 15%, for their merge.
+  // Without GQA packing, 8 rows per CTA as in 01; when those leave an SM without a CTA, 2 rows of
+  // 4 key warps (4x the CTAs), if all of them fit on the GPU at once.
   Launch l;
-  ATTN_TRY(configure(true, &l));
-  if (l.hpw == 1) {
-    Launch rows;
-    ATTN_TRY(configure(false, &rows));
-    auto round_cost = [&](const Launch& c) {
-      const int64_t ctas = c.split.q_blocks * p.hkv * p.b, rounds = (ctas + c.slots - 1) / c.slots;
-      return static_cast<double>(rounds) * p.sk / c.kw * c.ctas_per_sm * c.br * c.kw;
-    };
-    if (round_cost(l) >= 0.85 * round_cost(rows)) l = rows;
+  ATTN_TRY(configure(false, &l));
+  if (l.hpw == 1 && l.split.q_blocks * p.hkv * p.b < device->sm_count) {
+    Launch key_warps;
+    ATTN_TRY(configure(true, &key_warps));
+    if (key_warps.split.q_blocks * p.hkv * p.b <= key_warps.slots) l = key_warps;
   }
   // At most kv_tiles / KW splits (a tile for every key warp), of whole tiles, recounted so that
   // no split is empty by construction.
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc, unsplit = l.split.q_blocks * p.hkv * p.b;
-  const int splits = choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, kv_tiles / l.kw));
+  const int splits = choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, kv_tiles / l.kw),
+                                       device->sm_count);
   l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
   l.split.num_splits = static_cast<int>((p.sk - 1) / l.split.keys_per_split + 1);
   l.items = unsplit * l.split.num_splits;

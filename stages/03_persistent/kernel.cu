@@ -167,6 +167,51 @@ __device__ __forceinline__ void attend_row(const AttnParams& p, const T* q, cons
   if (lane < HPW) smem_lse[lane] = l_lane > 0.0f ? (m_lane + log2f(l_lane)) * kLn2 : -INFINITY;
 }
 
+// Row i of head h, batch b: its O (lane l holds elements [l E, l E + E)) and LSE.
+template <typename T, int E>
+__device__ __forceinline__ void store_output(const AttnParams& p, int64_t b, int64_t h, int64_t i,
+                                             int lane, const float (&o_row)[E], float lse) {
+  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
+  store_from_float<E>(o + lane * E, o_row);
+  if (p.lse != nullptr && lane == 0) p.lse[(b * p.hq + h) * p.sq + i] = lse;
+}
+
+// The merge of n parts of one output row, part s normalised over its own keys, with its LSE at
+// lse[s * lse_stride] and its O at o + s * o_stride. With m = max_s LSE_s (-inf counted as 0, so
+// that an all-empty row stays finite) and w_s = exp(LSE_s - m): O = sum_s w_s O_s / sum_s w_s and
+// LSE = m + log sum_s w_s, summed in part order (bit-identical run to run). Lane l takes elements
+// [l E, l E + E) of O. Returns the LSE. Parts that other SMs wrote during this launch (kCg) are
+// read through L2 only (ld.global.cg), never from a stale L1 line.
+template <int E, bool kCg = false>
+__device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_stride, const float* o,
+                                             int64_t o_stride, int n, int lane, float (&o_row)[E]) {
+  float m = -INFINITY;
+  auto lse_of = [&](int s) {
+    if constexpr (kCg) return __ldcg(lse + s * lse_stride);
+    else return lse[s * lse_stride];
+  };
+  for (int s = lane; s < n; s += kWarp) m = fmaxf(m, lse_of(s));
+  m = warp_max(m);
+  const float shift = m == -INFINITY ? 0.0f : m;
+  float sum_w = 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o_row[e] = 0.0f;
+#pragma unroll 8  // eight parts' loads in flight, not one round trip per part
+  for (int s = 0; s < n; ++s) {
+    const float w = expf(lse_of(s) - shift);  // 0 for a part that saw no key
+    float part[E];
+    if constexpr (kCg) load_floats_cg<E>(o + s * o_stride + lane * E, part);
+    else load_floats<E>(o + s * o_stride + lane * E, part);
+    sum_w += w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_row[e] += w * part[e];
+  }
+  const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o_row[e] *= inv;
+  return sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+}
+
 // Resident CTAs per SM asked of the compiler, for the persistent loop's live values: GQA 4 (8
 // heads: 2; 4 heads at D = 64: 3, as 4 would spill); 8 warp rows 4 (D = 128) or 3; key warps none,
 // the compiler's own (at 6 they would spill hundreds of bytes).
@@ -270,38 +315,6 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   }
 }
 
-// The merge of output row (b, h, i) by one warp: O = sum_s w_s O_s / sum_s w_s with w_s =
-// exp(LSE_s - max LSE), in split order (bit-identical run to run). Other SMs wrote the partials
-// during this launch: they are read through L2 (__ldcg), never from a stale L1 line.
-template <typename T, int D>
-__device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& split, int64_t b,
-                                          int64_t h, int64_t i, int lane) {
-  constexpr int E = D / kWarp;
-  const int64_t n_rows = p.b * p.hq * p.sq, row = (b * p.hq + h) * p.sq + i;
-  float m = -INFINITY;
-  for (int s = lane; s < split.num_splits; s += kWarp)
-    m = fmaxf(m, __ldcg(split.lse_partial + s * n_rows + row));
-  m = warp_max(m);
-  const float shift = m == -INFINITY ? 0.0f : m;
-
-  float sum_w = 0.0f, o_acc[E] = {};
-#pragma unroll 8  // eight splits' loads in flight, not one L2 round trip per split
-  for (int s = 0; s < split.num_splits; ++s) {
-    const float w = expf(__ldcg(split.lse_partial + s * n_rows + row) - shift);  // 0: empty split
-    float part[E];
-    load_floats_cg<E>(split.o_partial + (s * n_rows + row) * D + lane * E, part);
-    sum_w += w;
-#pragma unroll
-    for (int e = 0; e < E; ++e) o_acc[e] += w * part[e];
-  }
-  const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
-#pragma unroll
-  for (int e = 0; e < E; ++e) o_acc[e] *= inv;
-  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
-  store_from_float<E>(o + lane * E, o_acc);
-  if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
-}
-
 // grid = min(work items, resident CTAs), block Br * KW warps. Each CTA loops over work items.
 template <typename T, int D, int Br, int HPW, int KW>
 __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
@@ -354,7 +367,13 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
           const unsigned r = static_cast<unsigned>(q_block) * kRows + rw * kRowsPerWarpRow
                              + kw + KW * t;
           if (kw + KW * t >= kRowsPerWarpRow || r >= rows) break;
-          merge_row<T, D>(p, split, b, h_kv * group + r % group, r / group, lane);
+          const int64_t h = h_kv * group + r % group, i = r / group;
+          const int64_t n_rows = p.b * p.hq * p.sq, row = (b * p.hq + h) * p.sq + i;
+          float o_row[D / kWarp];
+          const float lse = merge_parts<D / kWarp, true>(split.lse_partial + row, n_rows,
+                                                         split.o_partial + row * D, n_rows * D,
+                                                         split.num_splits, lane, o_row);
+          store_output<T>(p, b, h, i, lane, o_row, lse);
         }
       }
     }
@@ -402,10 +421,10 @@ Kernel select_kernel(const AttnParams& p, bool key_warps, int* br, int* hpw, int
                    : select_kernel<__nv_bfloat16, 128>(*hpw, key_warps);
 }
 
-// How many key ranges: none unless the grid would leave the GPU part-empty; then as many as fit
+// How many key ranges: none unless the grid leaves an SM without a CTA; then as many as fit
 // one wave of persistent CTAs (an item's fixed costs are paid once per CTA), up to max_splits.
-int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits) {
-  if (ctas_without_split * 10 >= slots * 8) return 1;  // >= 80% of one wave: splitting buys little
+int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits, int sms) {
+  if (ctas_without_split >= sms) return 1;  // every SM has a CTA: splitting buys little
   max_splits = std::min<int64_t>(kMaxSplits, max_splits);
   return static_cast<int>(std::max<int64_t>(1, std::min(max_splits, slots / ctas_without_split)));
 }
@@ -435,24 +454,20 @@ Status make_launch(const AttnParams& p, Launch* out) {
     c->slots = static_cast<int64_t>(c->ctas_per_sm) * device->sm_count;
     return Status::Ok();
   };
-  // Without GQA packing, 8 rows per CTA or key warps, whichever should finish first: the rounds
-  // (waves) of CTAs, ceil(CTAs / slots), times a round, in which a warp walks Sk / KW keys and
-  // shares its SM with ctas_per_sm * Br * KW warps. Key warps must win by 15%, for their merge.
+  // Without GQA packing, 8 rows per CTA as in 01; when those leave an SM without a CTA, 2 rows of
+  // 4 key warps (4x the CTAs), if all of them fit on the GPU at once.
   Launch l;
-  ATTN_TRY(configure(true, &l));
-  if (l.hpw == 1) {
-    Launch rows;
-    ATTN_TRY(configure(false, &rows));
-    auto round_cost = [&](const Launch& c) {
-      const int64_t ctas = c.split.q_blocks * p.hkv * p.b, rounds = (ctas + c.slots - 1) / c.slots;
-      return static_cast<double>(rounds) * p.sk / c.kw * c.ctas_per_sm * c.br * c.kw;
-    };
-    if (round_cost(l) >= 0.85 * round_cost(rows)) l = rows;
+  ATTN_TRY(configure(false, &l));
+  if (l.hpw == 1 && l.split.q_blocks * p.hkv * p.b < device->sm_count) {
+    Launch key_warps;
+    ATTN_TRY(configure(true, &key_warps));
+    if (key_warps.split.q_blocks * p.hkv * p.b <= key_warps.slots) l = key_warps;
   }
   // At most kv_tiles / KW splits (a tile for every key warp), of whole tiles, recounted so that
   // no split is empty by construction.
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc, unsplit = l.split.q_blocks * p.hkv * p.b;
-  const int splits = choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, kv_tiles / l.kw));
+  const int splits = choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, kv_tiles / l.kw),
+                                       device->sm_count);
   l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
   l.split.num_splits = static_cast<int>((p.sk - 1) / l.split.keys_per_split + 1);
   l.items = unsplit * l.split.num_splits;

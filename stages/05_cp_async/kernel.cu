@@ -101,6 +101,51 @@ __device__ __forceinline__ void load_rows_async(T (&tile)[Rows][D + kPad], const
   valid >= Rows ? copy_rows(std::true_type{}) : copy_rows(std::false_type{});
 }
 
+// Row i of head h, batch b: its O (lane l holds elements [l E, l E + E)) and LSE.
+template <typename T, int E>
+__device__ __forceinline__ void store_output(const AttnParams& p, int64_t b, int64_t h, int64_t i,
+                                             int lane, const float (&o_row)[E], float lse) {
+  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
+  store_from_float<E>(o + lane * E, o_row);
+  if (p.lse != nullptr && lane == 0) p.lse[(b * p.hq + h) * p.sq + i] = lse;
+}
+
+// The merge of n parts of one output row, part s normalised over its own keys, with its LSE at
+// lse[s * lse_stride] and its O at o + s * o_stride. With m = max_s LSE_s (-inf counted as 0, so
+// that an all-empty row stays finite) and w_s = exp(LSE_s - m): O = sum_s w_s O_s / sum_s w_s and
+// LSE = m + log sum_s w_s, summed in part order (bit-identical run to run). Lane l takes elements
+// [l E, l E + E) of O. Returns the LSE. Parts that other SMs wrote during this launch (kCg) are
+// read through L2 only (ld.global.cg), never from a stale L1 line.
+template <int E, bool kCg = false>
+__device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_stride, const float* o,
+                                             int64_t o_stride, int n, int lane, float (&o_row)[E]) {
+  float m = -INFINITY;
+  auto lse_of = [&](int s) {
+    if constexpr (kCg) return __ldcg(lse + s * lse_stride);
+    else return lse[s * lse_stride];
+  };
+  for (int s = lane; s < n; s += kWarp) m = fmaxf(m, lse_of(s));
+  m = warp_max(m);
+  const float shift = m == -INFINITY ? 0.0f : m;
+  float sum_w = 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o_row[e] = 0.0f;
+#pragma unroll 8  // eight parts' loads in flight, not one round trip per part
+  for (int s = 0; s < n; ++s) {
+    const float w = expf(lse_of(s) - shift);  // 0 for a part that saw no key
+    float part[E];
+    if constexpr (kCg) load_floats_cg<E>(o + s * o_stride + lane * E, part);
+    else load_floats<E>(o + s * o_stride + lane * E, part);
+    sum_w += w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o_row[e] += w * part[e];
+  }
+  const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o_row[e] *= inv;
+  return sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+}
+
 // Resident CTAs per SM asked of the compiler: none at D = 128 (1 large CTA per SM); at D = 64,
 // where a tile holds half the products and hides less of a load, 2 large and 3 small.
 constexpr int min_ctas_per_sm(int warps, int d) { return d != 64 ? 0 : warps == kKeyWarps ? 3 : 2; }
@@ -336,37 +381,6 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   }
 }
 
-// The merge of row (b, h, i) by one warp: O = sum_s w_s O_s / sum_s w_s, w_s = exp(LSE_s - max),
-// in split order (bit-identical runs); other SMs wrote the partials: read through L2 (__ldcg).
-template <typename T, int D>
-__device__ __forceinline__ void merge_row(const AttnParams& p, const SplitArgs& split, int64_t b,
-                                          int64_t h, int64_t i, int lane) {
-  constexpr int E = D / kWarp;
-  const int64_t n_rows = p.b * p.hq * p.sq, row = (b * p.hq + h) * p.sq + i;
-  float m = -INFINITY;
-  for (int s = lane; s < split.num_splits; s += kWarp)
-    m = fmaxf(m, __ldcg(split.lse_partial + s * n_rows + row));
-  m = warp_max(m);
-  const float shift = m == -INFINITY ? 0.0f : m;
-
-  float sum_w = 0.0f, o_acc[E] = {};
-#pragma unroll 8  // eight splits' loads in flight, not one L2 round trip per split
-  for (int s = 0; s < split.num_splits; ++s) {
-    const float w = expf(__ldcg(split.lse_partial + s * n_rows + row) - shift);  // 0: empty split
-    float part[E];
-    load_floats_cg<E>(split.o_partial + (s * n_rows + row) * D + lane * E, part);
-    sum_w += w;
-#pragma unroll
-    for (int e = 0; e < E; ++e) o_acc[e] += w * part[e];
-  }
-  const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
-#pragma unroll
-  for (int e = 0; e < E; ++e) o_acc[e] *= inv;
-  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
-  store_from_float<E>(o + lane * E, o_acc);
-  if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
-}
-
 // grid = min(work items, resident CTAs) CTAs of Warps warps (KW per 16-row block), looping.
 template <typename T, int D, int Warps, int KW>
 __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
@@ -420,7 +434,13 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
           const unsigned r = static_cast<unsigned>(q_block) * kRows + rw * kRowsPerWarpRow
                              + kw + KW * t;
           if (kw + KW * t >= kRowsPerWarpRow || r >= rows) break;
-          merge_row<T, D>(p, split, b, h_kv * group + r % group, r / group, lane);
+          const int64_t h = h_kv * group + r % group, i = r / group;
+          const int64_t n_rows = p.b * p.hq * p.sq, row = (b * p.hq + h) * p.sq + i;
+          float o_row[D / kWarp];
+          const float lse = merge_parts<D / kWarp, true>(split.lse_partial + row, n_rows,
+                                                         split.o_partial + row * D, n_rows * D,
+                                                         split.num_splits, lane, o_row);
+          store_output<T>(p, b, h, i, lane, o_row, lse);
         }
       }
     }
