@@ -72,4 +72,14 @@ __device__ __forceinline__ void store_from_float(T* dst, const float (&src)[N]) 
   *reinterpret_cast<Pack<N>*>(dst) = pack;
 }
 
+/// Store row @p i of head @p h, batch @p b of the output: lane l of a warp holds O's elements
+/// [l E, l E + E) in @p o_row (rounded to T); lane 0 stores the row's LSE when p.lse is set.
+template <typename T, int E>
+__device__ __forceinline__ void store_output(const AttnParams& p, int64_t b, int64_t h, int64_t i,
+                                             int lane, const float (&o_row)[E], float lse) {
+  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
+  store_from_float<E>(o + lane * E, o_row);
+  if (p.lse != nullptr && lane == 0) p.lse[(b * p.hq + h) * p.sq + i] = lse;
+}
+
 }  // namespace attn

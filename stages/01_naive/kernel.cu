@@ -149,15 +149,6 @@ __device__ __forceinline__ void attend_row(const AttnParams& p, const T* q, cons
   if (lane < HPW) smem_lse[lane] = l_lane > 0.0f ? (m_lane + log2f(l_lane)) * kLn2 : -INFINITY;
 }
 
-// Row i of head h, batch b: its O (lane l holds elements [l E, l E + E)) and LSE.
-template <typename T, int E>
-__device__ __forceinline__ void store_output(const AttnParams& p, int64_t b, int64_t h, int64_t i,
-                                             int lane, const float (&o_row)[E], float lse) {
-  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
-  store_from_float<E>(o + lane * E, o_row);
-  if (p.lse != nullptr && lane == 0) p.lse[(b * p.hq + h) * p.sq + i] = lse;
-}
-
 // grid (ceil(Sq/Br), Hq, B), block Br warps: warp w takes query row blockIdx.x * Br + w.
 template <typename T, int D>
 __global__ void __launch_bounds__(kBr * kWarp) attention_kernel(const AttnParams p) {

@@ -37,7 +37,7 @@ struct SplitArgs {
 
 // 01's loop: one warp, HPW query heads of one query position (GQA packing: HPW > 1 heads of a GQA
 // group read each K and V row once for all of them), over the tiles kw, kw + KW, ... of its keys
-// [kv_begin, kv_end) of k and v ([Sk][D] each, row strides in p). Lanes work in groups of G = D/8 that
+// [kv_begin, kv_end) of k and v ([Sk][D], row strides in p). Lanes work in groups of G = D/8 that
 // read one K or V row together, 16 bytes each, so that a load instruction moves KPI = 32/G whole
 // rows, coalesced. Lane (g, c) = (lane / G, lane % G) keeps elements [8c, 8c + 8) of each head's q
 // and forms partial dot products with the same elements of its rows; transpose_sum (warp.cuh)
@@ -161,15 +161,6 @@ __device__ __forceinline__ void attend_row(const AttnParams& p, const T* q, cons
 #pragma unroll
       for (int e = 0; e < 8; ++e) smem_o[hh][8 * c + e] = acc[hh][e] * inv_l[hh];
   if (lane < HPW) smem_lse[lane] = l_lane > 0.0f ? (m_lane + log2f(l_lane)) * kLn2 : -INFINITY;
-}
-
-// Row i of head h, batch b: its O (lane l holds elements [l E, l E + E)) and LSE.
-template <typename T, int E>
-__device__ __forceinline__ void store_output(const AttnParams& p, int64_t b, int64_t h, int64_t i,
-                                             int lane, const float (&o_row)[E], float lse) {
-  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
-  store_from_float<E>(o + lane * E, o_row);
-  if (p.lse != nullptr && lane == 0) p.lse[(b * p.hq + h) * p.sq + i] = lse;
 }
 
 // The merge of n parts of one output row, part s normalised over its own keys, with its LSE at

@@ -41,7 +41,7 @@ struct SplitArgs {
 
 // 01's loop: one warp, HPW query heads of one query position (GQA packing: HPW > 1 heads of a GQA
 // group read each K and V row once for all of them), over the tiles kw, kw + KW, ... of its keys
-// [kv_begin, kv_end) of k and v ([Sk][D] each, row strides in p). Lanes work in groups of G = D/8 that
+// [kv_begin, kv_end) of k and v ([Sk][D], row strides in p). Lanes work in groups of G = D/8 that
 // read one K or V row together, 16 bytes each, so that a load instruction moves KPI = 32/G whole
 // rows, coalesced. Lane (g, c) = (lane / G, lane % G) keeps elements [8c, 8c + 8) of each head's q
 // and forms partial dot products with the same elements of its rows; transpose_sum (warp.cuh)
@@ -167,30 +167,14 @@ __device__ __forceinline__ void attend_row(const AttnParams& p, const T* q, cons
   if (lane < HPW) smem_lse[lane] = l_lane > 0.0f ? (m_lane + log2f(l_lane)) * kLn2 : -INFINITY;
 }
 
-// Row i of head h, batch b: its O (lane l holds elements [l E, l E + E)) and LSE.
-template <typename T, int E>
-__device__ __forceinline__ void store_output(const AttnParams& p, int64_t b, int64_t h, int64_t i,
-                                             int lane, const float (&o_row)[E], float lse) {
-  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
-  store_from_float<E>(o + lane * E, o_row);
-  if (p.lse != nullptr && lane == 0) p.lse[(b * p.hq + h) * p.sq + i] = lse;
-}
-
-// The merge of n parts of one output row, part s normalised over its own keys, with its LSE at
-// lse[s * lse_stride] and its O at o + s * o_stride. With m = max_s LSE_s (-inf counted as 0, so
-// that an all-empty row stays finite) and w_s = exp(LSE_s - m): O = sum_s w_s O_s / sum_s w_s and
-// LSE = m + log sum_s w_s, summed in part order (bit-identical run to run). Lane l takes elements
-// [l E, l E + E) of O. Returns the LSE. Parts that other SMs wrote during this launch (kCg) are
-// read through L2 only (ld.global.cg), never from a stale L1 line.
-template <int E, bool kCg = false>
+// 02's merge of n parts of one output row (part s: LSE at lse[s * lse_stride], O at o + s *
+// o_stride), in part order; lane l takes O's elements [l E, l E + E); returns the LSE. Other SMs
+// wrote the parts during this launch: they are read through L2 only (ld.global.cg), not from L1.
+template <int E>
 __device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_stride, const float* o,
                                              int64_t o_stride, int n, int lane, float (&o_row)[E]) {
   float m = -INFINITY;
-  auto lse_of = [&](int s) {
-    if constexpr (kCg) return __ldcg(lse + s * lse_stride);
-    else return lse[s * lse_stride];
-  };
-  for (int s = lane; s < n; s += kWarp) m = fmaxf(m, lse_of(s));
+  for (int s = lane; s < n; s += kWarp) m = fmaxf(m, __ldcg(lse + s * lse_stride));
   m = warp_max(m);
   const float shift = m == -INFINITY ? 0.0f : m;
   float sum_w = 0.0f;
@@ -198,10 +182,9 @@ __device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_strid
   for (int e = 0; e < E; ++e) o_row[e] = 0.0f;
 #pragma unroll 8  // eight parts' loads in flight, not one round trip per part
   for (int s = 0; s < n; ++s) {
-    const float w = expf(lse_of(s) - shift);  // 0 for a part that saw no key
+    const float w = expf(__ldcg(lse + s * lse_stride) - shift);  // 0 for a part that saw no key
     float part[E];
-    if constexpr (kCg) load_floats_cg<E>(o + s * o_stride + lane * E, part);
-    else load_floats<E>(o + s * o_stride + lane * E, part);
+    load_floats_cg<E>(o + s * o_stride + lane * E, part);
     sum_w += w;
 #pragma unroll
     for (int e = 0; e < E; ++e) o_row[e] += w * part[e];
@@ -370,9 +353,8 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
           const int64_t h = h_kv * group + r % group, i = r / group;
           const int64_t n_rows = p.b * p.hq * p.sq, row = (b * p.hq + h) * p.sq + i;
           float o_row[D / kWarp];
-          const float lse = merge_parts<D / kWarp, true>(split.lse_partial + row, n_rows,
-                                                         split.o_partial + row * D, n_rows * D,
-                                                         split.num_splits, lane, o_row);
+          const float lse = merge_parts(split.lse_partial + row, n_rows, split.o_partial + row * D,
+                                        n_rows * D, split.num_splits, lane, o_row);
           store_output<T>(p, b, h, i, lane, o_row, lse);
         }
       }

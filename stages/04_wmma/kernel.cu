@@ -112,30 +112,14 @@ __device__ __forceinline__ void load_kv(T (&k_tile)[Rows][D + kPad], T (&v_tile)
   }
 }
 
-// Row i of head h, batch b: its O (lane l holds elements [l E, l E + E)) and LSE.
-template <typename T, int E>
-__device__ __forceinline__ void store_output(const AttnParams& p, int64_t b, int64_t h, int64_t i,
-                                             int lane, const float (&o_row)[E], float lse) {
-  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
-  store_from_float<E>(o + lane * E, o_row);
-  if (p.lse != nullptr && lane == 0) p.lse[(b * p.hq + h) * p.sq + i] = lse;
-}
-
-// The merge of n parts of one output row, part s normalised over its own keys, with its LSE at
-// lse[s * lse_stride] and its O at o + s * o_stride. With m = max_s LSE_s (-inf counted as 0, so
-// that an all-empty row stays finite) and w_s = exp(LSE_s - m): O = sum_s w_s O_s / sum_s w_s and
-// LSE = m + log sum_s w_s, summed in part order (bit-identical run to run). Lane l takes elements
-// [l E, l E + E) of O. Returns the LSE. Parts that other SMs wrote during this launch (kCg) are
-// read through L2 only (ld.global.cg), never from a stale L1 line.
-template <int E, bool kCg = false>
+// 02's merge of n parts of one output row (part s: LSE at lse[s * lse_stride], O at o + s *
+// o_stride), in part order; lane l takes O's elements [l E, l E + E); returns the LSE. Other SMs
+// wrote the parts during this launch: they are read through L2 only (ld.global.cg), not from L1.
+template <int E>
 __device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_stride, const float* o,
                                              int64_t o_stride, int n, int lane, float (&o_row)[E]) {
   float m = -INFINITY;
-  auto lse_of = [&](int s) {
-    if constexpr (kCg) return __ldcg(lse + s * lse_stride);
-    else return lse[s * lse_stride];
-  };
-  for (int s = lane; s < n; s += kWarp) m = fmaxf(m, lse_of(s));
+  for (int s = lane; s < n; s += kWarp) m = fmaxf(m, __ldcg(lse + s * lse_stride));
   m = warp_max(m);
   const float shift = m == -INFINITY ? 0.0f : m;
   float sum_w = 0.0f;
@@ -143,10 +127,9 @@ __device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_strid
   for (int e = 0; e < E; ++e) o_row[e] = 0.0f;
 #pragma unroll 8  // eight parts' loads in flight, not one round trip per part
   for (int s = 0; s < n; ++s) {
-    const float w = expf(lse_of(s) - shift);  // 0 for a part that saw no key
+    const float w = expf(__ldcg(lse + s * lse_stride) - shift);  // 0 for a part that saw no key
     float part[E];
-    if constexpr (kCg) load_floats_cg<E>(o + s * o_stride + lane * E, part);
-    else load_floats<E>(o + s * o_stride + lane * E, part);
+    load_floats_cg<E>(o + s * o_stride + lane * E, part);
     sum_w += w;
 #pragma unroll
     for (int e = 0; e < E; ++e) o_row[e] += w * part[e];
@@ -161,10 +144,9 @@ __device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_strid
 // are read from shared memory in every tile), 2 of 8 warps, and 3 small CTAs (168 registers).
 constexpr int min_ctas_per_sm(int warps, int) { return warps == 16 ? 1 : warps == 8 ? 2 : 3; }
 
-// One work item: the CTA's packed query rows of kv head h_kv (row r is query position r / group
-// of head h_kv * group + r % group) over the keys of split split_idx. Warp w computes rows
-// [16 rw, 16 rw + 16), rw = w / KW; key warp kw = w % KW takes keys [kw Bc/KW, (kw + 1) Bc/KW) of
-// every tile and leaves its rows, normalised, and their LSEs in shared memory, merged at the end.
+// One work item: the CTA's packed rows of kv head h_kv (row r: position r / group, head h_kv group
+// + r % group), keys of split split_idx. Warp w: rows [16 rw, 16 rw + 16), rw = w / KW; key warp
+// kw = w % KW takes keys [kw Bc/KW, (kw + 1) Bc/KW) of every tile; the parts are merged at the end.
 template <typename T, int D, int Warps, int KW>
 __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArgs& split, int64_t b,
                                              int64_t h_kv, int64_t q_block, int split_idx,
@@ -174,8 +156,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   const int rw = warp / KW, kw = warp % KW;  // this warp's 16 rows and its share of the keys
   const int key0 = kw * (kBc / KW);          // its first key in a tile
   const FragMap map{lane};
-  // Packed rows in 32 bits (make_launch keeps them under 2^31): a 64-bit division by a runtime
-  // value is a software routine of tens of instructions.
+  // Packed rows in 32 bits (make_launch keeps them under 2^31): 64-bit division is a long routine.
   const unsigned group = static_cast<unsigned>(p.hq) / static_cast<unsigned>(p.hkv);
   const unsigned rows = static_cast<unsigned>(p.sq) * group;  // packed rows per (batch, kv head)
   const unsigned row0 = static_cast<unsigned>(q_block) * kRows;
@@ -183,8 +164,8 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
 
-  // Keys a row may see (all, or with the bottom-right causal mask the first i + (Sk - Sq) + 1) in
-  // this split. The block needs keys up to the end of its last row (with the mask, the longest).
+  // Keys a row may see in this split (bottom-right causal: the first i + Sk - Sq + 1); the block
+  // needs keys up to its last row's end (with the mask, the longest).
   auto row_end = [&](unsigned r) {
     const int64_t i = r / group;
     const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
@@ -208,9 +189,8 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
       if (lane == 0) split.lse_partial[split_idx * n_rows + row] = lse;
     }
   };
-  // A thread keeps the running max m of its two rows' raw scores (shared by a quad) and its part
-  // of their sums l. A negative scale goes onto Q (a sign flip), so that P = exp2(s * scale -
-  // m * scale) is one FFMA and one EX2. Padding rows take every key: finite, and never stored.
+  // Per thread: the running max m of its two rows' raw scores, its part of their sums l; padding
+  // rows take every key (finite, never stored). A negative scale flips Q: P is one FFMA + EX2.
   int64_t end[2];
   float m[2], l[2];
 #pragma unroll
@@ -322,9 +302,8 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   for (; kv_tile < unmasked_end; kv_tile += kBc) attend_tile(kv_tile, std::false_type{});
   for (; kv_tile < block_end; kv_tile += kBc) attend_tile(kv_tile, std::true_type{});
 
-  // Normalise: l is the quad's sum; O /= l; LSE = m + log l. An empty row has l = 0: O = 0 and
-  // LSE = -inf. The rows go to shared memory (over the K/V tiles, which the last barrier freed),
-  // each key warp in its own slot; the lane holding column 0 of its rows writes their LSE.
+  // Normalise (l: the quad's sum; an empty row has l = 0: O = 0, LSE = -inf) into shared memory,
+  // over the freed K/V tiles, a slot per key warp; the lane holding column 0 writes the LSEs.
   float inv_l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -378,8 +357,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   }
 }
 
-// grid = min(work items, resident CTAs), block Warps warps, KW of them on each 16-row block.
-// Each CTA loops over work items.
+// grid = min(work items, resident CTAs) CTAs of Warps warps (KW per 16-row block), looping.
 template <typename T, int D, int Warps, int KW>
 __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
     attention_kernel(const AttnParams p, const SplitArgs split) {
@@ -435,9 +413,8 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
           const int64_t h = h_kv * group + r % group, i = r / group;
           const int64_t n_rows = p.b * p.hq * p.sq, row = (b * p.hq + h) * p.sq + i;
           float o_row[D / kWarp];
-          const float lse = merge_parts<D / kWarp, true>(split.lse_partial + row, n_rows,
-                                                         split.o_partial + row * D, n_rows * D,
-                                                         split.num_splits, lane, o_row);
+          const float lse = merge_parts(split.lse_partial + row, n_rows, split.o_partial + row * D,
+                                        n_rows * D, split.num_splits, lane, o_row);
           store_output<T>(p, b, h, i, lane, o_row, lse);
         }
       }
@@ -528,8 +505,7 @@ Status make_launch(const AttnParams& p, Launch* out) {
   const int64_t large_ctas = large.split.q_blocks * p.hkv * p.b;
   const int64_t small_ctas = small.split.q_blocks * p.hkv * p.b;
   Launch l = large_ctas * 10 >= large.slots * 8 || small_ctas > small.slots ? large : small;
-  // At most kv_tiles / kMinTilesPerSplit splits; whole tiles per split, recounted so that no
-  // split is empty by construction.
+  // At most kv_tiles / kMinTilesPerSplit splits, of whole tiles, recounted: none is empty.
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc, unsplit = l.split.q_blocks * p.hkv * p.b;
   const int splits =
       choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, kv_tiles / kMinTilesPerSplit));

@@ -1,10 +1,9 @@
 // Fast attention, one idea at a time:
 //   01 naive -> 02 kv_split -> 03 persistent -> 04 wmma -> 05 cp_async -> 06 warp_specialized
 //
-// Stage 05 extends 04 with loads that overlap compute: K and V tiles come by cp.async into a
-// ring of two shared-memory stages, tile j+1 in flight while tile j is computed. No second CTA
-// per SM is then needed to hide the loads: at D = 128 the 8-warp CTA runs alone, without a
-// register bound, and keeps Q's fragments in registers.
+// Stage 05 extends 04 with loads that overlap compute: K and V tiles come by cp.async into a ring
+// of two shared-memory stages, tile j+1 in flight while tile j is computed. No second CTA per SM
+// hides loads now: at D = 128 the 8-warp CTA runs alone, unbounded, Q's fragments in registers.
 // What every stage computes: docs/contract.md. Why this stage: notebooks_md/05_cp_async.md.
 #include <algorithm>
 #include <cmath>
@@ -101,30 +100,14 @@ __device__ __forceinline__ void load_rows_async(T (&tile)[Rows][D + kPad], const
   valid >= Rows ? copy_rows(std::true_type{}) : copy_rows(std::false_type{});
 }
 
-// Row i of head h, batch b: its O (lane l holds elements [l E, l E + E)) and LSE.
-template <typename T, int E>
-__device__ __forceinline__ void store_output(const AttnParams& p, int64_t b, int64_t h, int64_t i,
-                                             int lane, const float (&o_row)[E], float lse) {
-  T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + i * p.o_seq_stride + h * p.o_head_stride;
-  store_from_float<E>(o + lane * E, o_row);
-  if (p.lse != nullptr && lane == 0) p.lse[(b * p.hq + h) * p.sq + i] = lse;
-}
-
-// The merge of n parts of one output row, part s normalised over its own keys, with its LSE at
-// lse[s * lse_stride] and its O at o + s * o_stride. With m = max_s LSE_s (-inf counted as 0, so
-// that an all-empty row stays finite) and w_s = exp(LSE_s - m): O = sum_s w_s O_s / sum_s w_s and
-// LSE = m + log sum_s w_s, summed in part order (bit-identical run to run). Lane l takes elements
-// [l E, l E + E) of O. Returns the LSE. Parts that other SMs wrote during this launch (kCg) are
-// read through L2 only (ld.global.cg), never from a stale L1 line.
-template <int E, bool kCg = false>
+// 02's merge of n parts of one output row (part s: LSE at lse[s * lse_stride], O at o + s *
+// o_stride), in part order; lane l takes O's elements [l E, l E + E); returns the LSE. Other SMs
+// wrote the parts during this launch: they are read through L2 only (ld.global.cg), not from L1.
+template <int E>
 __device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_stride, const float* o,
                                              int64_t o_stride, int n, int lane, float (&o_row)[E]) {
   float m = -INFINITY;
-  auto lse_of = [&](int s) {
-    if constexpr (kCg) return __ldcg(lse + s * lse_stride);
-    else return lse[s * lse_stride];
-  };
-  for (int s = lane; s < n; s += kWarp) m = fmaxf(m, lse_of(s));
+  for (int s = lane; s < n; s += kWarp) m = fmaxf(m, __ldcg(lse + s * lse_stride));
   m = warp_max(m);
   const float shift = m == -INFINITY ? 0.0f : m;
   float sum_w = 0.0f;
@@ -132,10 +115,9 @@ __device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_strid
   for (int e = 0; e < E; ++e) o_row[e] = 0.0f;
 #pragma unroll 8  // eight parts' loads in flight, not one round trip per part
   for (int s = 0; s < n; ++s) {
-    const float w = expf(lse_of(s) - shift);  // 0 for a part that saw no key
+    const float w = expf(__ldcg(lse + s * lse_stride) - shift);  // 0 for a part that saw no key
     float part[E];
-    if constexpr (kCg) load_floats_cg<E>(o + s * o_stride + lane * E, part);
-    else load_floats<E>(o + s * o_stride + lane * E, part);
+    load_floats_cg<E>(o + s * o_stride + lane * E, part);
     sum_w += w;
 #pragma unroll
     for (int e = 0; e < E; ++e) o_row[e] += w * part[e];
@@ -437,9 +419,8 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
           const int64_t h = h_kv * group + r % group, i = r / group;
           const int64_t n_rows = p.b * p.hq * p.sq, row = (b * p.hq + h) * p.sq + i;
           float o_row[D / kWarp];
-          const float lse = merge_parts<D / kWarp, true>(split.lse_partial + row, n_rows,
-                                                         split.o_partial + row * D, n_rows * D,
-                                                         split.num_splits, lane, o_row);
+          const float lse = merge_parts(split.lse_partial + row, n_rows, split.o_partial + row * D,
+                                        n_rows * D, split.num_splits, lane, o_row);
           store_output<T>(p, b, h, i, lane, o_row, lse);
         }
       }
@@ -530,8 +511,7 @@ Status make_launch(const AttnParams& p, Launch* out) {
   const int64_t large_ctas = large.split.q_blocks * p.hkv * p.b;
   const int64_t small_ctas = small.split.q_blocks * p.hkv * p.b;
   Launch l = large_ctas * 10 >= large.slots * 8 || small_ctas > small.slots ? large : small;
-  // At most kv_tiles / kMinTilesPerSplit splits; whole tiles per split, recounted so that no
-  // split is empty by construction.
+  // At most kv_tiles / kMinTilesPerSplit splits, of whole tiles, recounted: none is empty.
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc, unsplit = l.split.q_blocks * p.hkv * p.b;
   const int splits =
       choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, kv_tiles / kMinTilesPerSplit));
