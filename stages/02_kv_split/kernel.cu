@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kCombineWarps * kWarp)
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t n_rows = p.b * p.hq * p.sq, row = blockIdx.x;
   const int64_t i = row % p.sq, h = (row / p.sq) % p.hq, b = row / (p.sq * p.hq);
-  const int n = (split.num_splits - warp + kCombineWarps - 1) / kCombineWarps;  // this warp's
+  const int n = (split.num_splits - warp + kCombineWarps - 1) / kCombineWarps;  // its splits
   float o_row[E];
   const float lse = merge_parts<E>(split.lse_partial + warp * n_rows + row, kCombineWarps * n_rows,
                                    split.o_partial + (warp * n_rows + row) * D,
