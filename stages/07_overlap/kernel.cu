@@ -186,13 +186,15 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
     const Item it = decode_item<D, C>(p, w, item);
     const int b = static_cast<int>(it.b);
     const int h_kv = static_cast<int>(static_cast<unsigned>(it.hs << w.log2_pack) / group);
-    if (round == 0) {  // programmatic dependent launch: the first read of the inputs (see below)
-      cudaGridDependencySynchronize();
-      cudaTriggerProgrammaticLaunchCompletion();
-    }
     const int q_slot = q_uses % 2;
     mbarrier_wait(&sm.q_empty[q_slot], ((q_uses / 2) & 1) ^ 1);
     mbarrier_arrive_expect_tx(&sm.q_full[q_slot], kQBytes);
+    // Programmatic dependent launch: the first read of the inputs (see the kernel) waits here, after
+    // Q's slot and byte count are set, so that only the copy follows the wait.
+    if (round == 0) {
+      cudaGridDependencySynchronize();
+      cudaTriggerProgrammaticLaunchCompletion();
+    }
 #pragma unroll
     for (int c = 0; c < kChunks; ++c)
       tma_load_5d(sm.q[q_slot][c], &maps.q, c * kCols, 0, static_cast<int>(it.row0 >> w.log2_pack),
