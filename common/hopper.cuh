@@ -105,6 +105,17 @@ __device__ __forceinline__ void tma_store_wait_read() {
   cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
 }
 
+/// Store four 8x8 matrices of 16-bit elements to shared memory, one instruction for the warp:
+/// lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes), and its register
+/// j holds elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of matrix j: the layout of an
+/// 8x8 block of a wgmma accumulator, packed in pairs.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 /// Order this thread's earlier shared-memory writes before later async-proxy (TMA) reads of them.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);

@@ -6,8 +6,8 @@
 // products do; inside a warpgroup, S of tile t is issued with P.V of tile t - 1 and the softmax
 // of tile t runs while that P.V is on the tensor cores (wgmma_wait<1>); and launches overlap
 // (programmatic dependent launch): a launch's prologue, up to its first item's decoding, runs
-// while the previous one drains. O leaves through shared memory and TMA stores, which drain while
-// the warpgroup starts its next item.
+// while the previous one drains. O leaves through shared memory (stmatrix) and TMA stores, which
+// drain while the warpgroup starts its next item.
 //   consumers, per tile t: wait for K(t) and V(t-1); in their turn issue S(t) = Q.K(t)^T and
 //   O += P(t-1).V(t-1); wait for S(t), free K(t); softmax(t); wait for P.V, free V(t-1);
 //   rescale O (only when a row's maximum grew by more than 2^8, so rarely), P(t) from S(t). The
@@ -597,6 +597,25 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
       inv[h] = sum > 0.0f ? __fdividef(1.0f, sum) : 0.0f;
       lse[h] = sum > 0.0f ? (m[h] + __log2f(sum)) * kLn2 : -INFINITY;
     }
+    if (w.num_splits == 1 && active) {
+      // stmatrix: each instruction stores four 8x8 blocks of the warp's 16 rows, (rows h, columns
+      // nb + n) for h, n in {0, 1}; lane l names row l % 8 of block l / 8. A block row is one
+      // 16-byte piece of the swizzled layout.
+      const int row_in_wg = 16 * wq + 8 * ((lane / 8) % 2) + lane % 8;
+#pragma unroll
+      for (int nb = 0; nb < D / 8; nb += 2) {
+        const int piece = nb + lane / 16;  // the lane's block column
+        uint32_t pk[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int e = 4 * (nb + j / 2) + 2 * (j % 2);
+          pk[j] = pack2<T>(o[e] * inv[j % 2], o[e + 1] * inv[j % 2]);
+        }
+        stmatrix_x4(smem_addr(sm.q[q_slot][piece / 8] + (cw * 64 + row_in_wg) * kRowBytes +
+                              ((piece % 8) ^ (lane % 8)) * 16),
+                    pk[0], pk[1], pk[2], pk[3]);
+      }
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (!active) break;
@@ -604,13 +623,6 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
       const int64_t i = r >> w.log2_pack, head = (it.hs << w.log2_pack) + (r & pack_mask);
       const int64_t row = (it.b * p.hq + head) * p.sq + i;  // LSE index, partials' row
       if (w.num_splits == 1) {
-        const int row_in_wg = r_in_wg + 8 * h;  // (row_in_wg % 8) == lane / 4
-#pragma unroll
-        for (int nb = 0; nb < D / 8; ++nb)
-          *reinterpret_cast<uint32_t*>(sm.q[q_slot][nb / 8] +
-                                       (cw * 64 + row_in_wg) * kRowBytes +
-                                       ((nb % 8) ^ (lane / 4)) * 16 + quad_col * 2) =
-              pack2<T>(o[4 * nb + 2 * h] * inv[h], o[4 * nb + 2 * h + 1] * inv[h]);
         if (p.lse != nullptr && lane % 4 == 0 && r < rows) p.lse[row] = lse[h];
       } else if (r < rows) {
         float* part = w.o_partial + (it.split * n_rows + row) * D;
