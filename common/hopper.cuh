@@ -1,9 +1,9 @@
 /// @file hopper.cuh
-/// @brief Device wrappers for Hopper's asynchronous machinery (sm_90a): mbarriers, TMA loads and
-///        stores through CCCL's cuda::ptx, and the PTX CCCL does not wrap: wgmma (fence, commit,
-///        wait, the shared-memory descriptor and its move to uniform registers; m64n128k16 with A
-///        from shared memory, accumulating or write-only; m64n64k16 and m64n128k16 with A from
-///        registers), named barriers and setmaxnreg. Only compiled for sm_90a (the feature macro
+/// @brief Device wrappers for Hopper's asynchronous machinery (sm_90a): mbarriers and TMA loads
+///        through CCCL's cuda::ptx, and the PTX CCCL does not wrap: wgmma (fence, commit, wait,
+///        the shared-memory descriptor and its move to uniform registers; m64n128k16 with A from
+///        shared memory, accumulating or write-only; m64n64k16 and m64n128k16 with A from
+///        registers), stmatrix, named barriers and setmaxnreg. Only compiled for sm_90a (the feature macro
 ///        below); a stage that includes it guards its kernel body the same way.
 #pragma once
 
@@ -85,26 +85,6 @@ __device__ __forceinline__ void tma_load_5d(void* dst, const void* map, int c0, 
                                   coords, bar);
 }
 
-/// Copy @p src, a box in shared memory, to the box at @p coords of the 5-D tensor map @p map (the
-/// layout of tma_load_5d; elements outside the tensor are not written). The copy joins this
-/// thread's open bulk group: close it with tma_store_commit(). Threads that wrote @p src must
-/// call fence_proxy_async_shared() first, then synchronise with the issuing thread.
-__device__ __forceinline__ void tma_store_5d(const void* map, const void* src, int c0, int c1,
-                                             int c2, int c3, int c4) {
-  const int32_t coords[5] = {c0, c1, c2, c3, c4};
-  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords,
-                                  src);
-}
-
-/// Close this thread's group of TMA stores issued since the last commit.
-__device__ __forceinline__ void tma_store_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
-
-/// Wait until this thread's TMA stores have read their shared memory (it may then be rewritten;
-/// the global writes may still be in flight, and are complete when the kernel is).
-__device__ __forceinline__ void tma_store_wait_read() {
-  cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-}
-
 /// Store four 8x8 matrices of 16-bit elements to shared memory, one instruction for the warp:
 /// lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes), and its register
 /// j holds elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of matrix j: the layout of an
@@ -114,11 +94,6 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
                "r"(r0), "r"(r1), "r"(r2), "r"(r3)
                : "memory");
-}
-
-/// Order this thread's earlier shared-memory writes before later async-proxy (TMA) reads of them.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
 }
 
 /// Start fetching the tensor map at @p map (a __grid_constant__ parameter) into the cache TMA

@@ -6,8 +6,8 @@
 // products do; inside a warpgroup, S of tile t is issued with P.V of tile t - 1 and the softmax
 // of tile t runs while that P.V is on the tensor cores (wgmma_wait<1>); and launches overlap
 // (programmatic dependent launch): a launch's prologue, up to its first item's decoding, runs
-// while the previous one drains. O leaves through shared memory (stmatrix) and TMA stores, which
-// drain while the warpgroup starts its next item.
+// while the previous one drains. O leaves through shared memory (stmatrix) in 16-byte stores,
+// which drain while the warpgroup starts its next item.
 //   consumers, per tile t: wait for K(t) and V(t-1); in their turn issue S(t) = Q.K(t)^T and
 //   O += P(t-1).V(t-1); wait for S(t), free K(t); softmax(t); wait for P.V, free V(t-1);
 //   rescale O (only when a row's maximum grew by more than 2^8, so rarely), P(t) from S(t). The
@@ -95,7 +95,7 @@ struct Smem {
 // The three tensor maps, passed by value as one __grid_constant__ parameter (TMA reads them from
 // the parameter space).
 struct Maps {
-  CUtensorMap q, k, v, o;
+  CUtensorMap q, k, v;
 };
 
 // What the kernel needs beyond AttnParams: the work decomposition and the split buffers.
@@ -353,7 +353,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], flo
 // A consumer warpgroup: rows [64 cw, 64 cw + 64) of each item, warp wq of it rows 16 wq + lane/4
 // and + 8 (the accumulator layout, hopper.cuh).
 template <typename T, int D, int C>
-__device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, const Work& w,
+__device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
                                         Smem<D, C>& sm, int cw, int wq, int lane) {
   constexpr int kStages = Tile<D, C>::kStages, kBr = Tile<D, C>::kBr, kBc = Tile<D, C>::kBc,
                 kConsumers = Tile<D, C>::kConsumers;
@@ -585,9 +585,9 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
     // Normalise and store: l summed over the quad; O /= l; LSE = m + log2 l, in natural log. A
     // row with no key has l = 0: O = 0 and LSE = -inf. With one split O is the answer: it goes
     // into this warpgroup's rows of the Q slot, which its products have finished reading, in the
-    // same swizzled layout, and leaves by TMA stores (rows past Sq are clipped); the global writes
-    // then drain while the warpgroup starts its next item. With several splits O is the split's
-    // part, in fp32, for the merge.
+    // same swizzled layout, and leaves in 16-byte stores; the global writes then drain while the
+    // warpgroup starts its next item. With several splits O is the split's part, in fp32, for the
+    // merge.
     float inv[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -615,6 +615,25 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
                               ((piece % 8) ^ (lane % 8)) * 16),
                     pk[0], pk[1], pk[2], pk[3]);
       }
+      // The warp's 16 rows leave in 16-byte pieces, D/8 to a row, 8 consecutive lanes on 128
+      // contiguous bytes: whole lines, as coalesced as a TMA store, and without its issue and its
+      // wait for the read (the stores drain on their own, past the CTA's exit). Rows past Sq are
+      // not written. The warp reads only what it wrote: __syncwarp() is the only barrier.
+      __syncwarp();
+      constexpr int kPieces = D / 8;  // per row
+#pragma unroll
+      for (int k = 0; k < 16 * kPieces / kWarp; ++k) {
+        const int g = k * kWarp + lane, row = g / kPieces, cp = g % kPieces;
+        const uint4 val = *reinterpret_cast<const uint4*>(
+            sm.q[q_slot][cp / 8] + (cw * 64 + 16 * wq + row) * kRowBytes + ((cp % 8) ^ (row % 8)) * 16);
+        const unsigned r = wg_row0 + 16 * wq + row;
+        if (r < rows) {
+          const int64_t i = r >> w.log2_pack, head = (it.hs << w.log2_pack) + (r & pack_mask);
+          T* dst = static_cast<T*>(p.o) + it.b * p.o_batch_stride + i * p.o_seq_stride +
+                   head * p.o_head_stride + cp * 8;
+          *reinterpret_cast<uint4*>(dst) = val;
+        }
+      }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -633,23 +652,10 @@ __device__ __forceinline__ void consume(const Maps& maps, const AttnParams& p, c
         if (lane % 4 == 0) w.lse_partial[it.split * n_rows + row] = lse[h];
       }
     }
-    // The slot goes back to the producer when the stores have read it (one arrival per
-    // warpgroup): the TMA store reads shared memory through the async proxy, so the threads'
-    // writes are fenced for it first.
-    fence_proxy_async_shared();
-    named_barrier_sync(5 + cw, kWarpGroup);
-    if (wq == 0 && lane == 0) {
-      if (w.num_splits == 1 && active) {
-#pragma unroll
-        for (int c = 0; c < D / kCols; ++c)
-          tma_store_5d(&maps.o, sm.q[q_slot][c] + cw * 64 * kRowBytes, c * kCols, 0,
-                       static_cast<int>(wg_row0 >> w.log2_pack), static_cast<int>(it.hs),
-                       static_cast<int>(it.b));
-        tma_store_commit();
-        tma_store_wait_read();
-      }
-      mbarrier_arrive(&sm.q_empty[q_slot]);
-    }
+    // The slot goes back to the producer when every consumer warp has read its rows (an
+    // arrival releases the warp's earlier reads).
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&sm.q_empty[q_slot]);
 
     // The fused merge (03): one consumer thread counts the split in, and the CTA that brings the
     // count to num_splits merges the block's rows, one row per consumer warp, and sets the count
@@ -696,10 +702,9 @@ __global__ void __launch_bounds__(Tile<D, C>::kThreads, 1)
     prefetch_tensor_map(&maps.q);
     prefetch_tensor_map(&maps.k);
     prefetch_tensor_map(&maps.v);
-    prefetch_tensor_map(&maps.o);
     for (int s = 0; s < 2; ++s) {
       mbarrier_init(&sm.q_full[s], 1);  // the producer's arrive_expect_tx, then the bytes
-      mbarrier_init(&sm.q_empty[s], Tile<D, C>::kConsumers);  // one per consumer warpgroup
+      mbarrier_init(&sm.q_empty[s], Tile<D, C>::kConsumers * 4);  // one per consumer warp
     }
     for (int s = 0; s < Tile<D, C>::kStages; ++s) {
       mbarrier_init(&sm.k_full[s], 1);
@@ -722,7 +727,7 @@ __global__ void __launch_bounds__(Tile<D, C>::kThreads, 1)
   } else {
     cudaTriggerProgrammaticLaunchCompletion();
     setmaxnreg_inc<Tile<D, C>::kConsumerRegs>();
-    consume<T, D, C>(maps, p, w, sm, warp / 4 - 1, warp % 4, lane);
+    consume<T, D, C>(p, w, sm, warp / 4 - 1, warp % 4, lane);
   }
 #endif
 }
@@ -895,12 +900,6 @@ Status encode_maps(const AttnParams& p, const TileInfo& tile, int log2_pack, Map
   const uint32_t q_box[5] = {kCols, static_cast<uint32_t>(pack),
                              static_cast<uint32_t>(tile.br / pack), 1, 1};
   ATTN_TRY(encode_tensor_map(&maps->q, p.q, p.dtype, 5, q_dims, q_strides, q_box, "q"));
-  // O: Q's shape, O's strides, a box of one consumer warpgroup's 64 packed rows.
-  const uint64_t o_strides[4] = {p.o_head_stride * e, p.o_seq_stride * e,
-                                 pack * p.o_head_stride * e, p.o_batch_stride * e};
-  const uint32_t o_box[5] = {kCols, static_cast<uint32_t>(pack), static_cast<uint32_t>(64 / pack),
-                             1, 1};
-  ATTN_TRY(encode_tensor_map(&maps->o, p.o, p.dtype, 5, q_dims, o_strides, o_box, "o"));
   const uint32_t kv_box[4] = {kCols, static_cast<uint32_t>(tile.bc), 1, 1};
   const uint64_t kv_dims[4] = {static_cast<uint64_t>(p.d), static_cast<uint64_t>(p.sk),
                                static_cast<uint64_t>(p.hkv), static_cast<uint64_t>(p.b)};
