@@ -615,34 +615,24 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
                               ((piece % 8) ^ (lane % 8)) * 16),
                     pk[0], pk[1], pk[2], pk[3]);
       }
-      // The warp's 16 rows leave in 16-byte pieces: lanes 2r and 2r + 1 take row r, pieces 2k and
-      // 2k + 1 of it at step k, so each store instruction writes whole 32-byte sectors, as a TMA
-      // store would, without its issue and its wait for the read (the stores drain on their own,
-      // past the CTA's exit). Every piece is read first, then stored: one round trip to shared
-      // memory, one address per lane. Rows past Sq are not written. The warp reads only what it
-      // wrote: __syncwarp() is the only barrier.
+      // The warp's 16 rows leave in 16-byte pieces, D/8 to a row, 8 consecutive lanes on 128
+      // contiguous bytes: whole lines, as coalesced as a TMA store, and without its issue and its
+      // wait for the read (the stores drain on their own, past the CTA's exit). Rows past Sq are
+      // not written. The warp reads only what it wrote: __syncwarp() is the only barrier.
       __syncwarp();
-      constexpr int kSteps = D / 16;  // pieces per lane: half a row
-      // The large CTA, whose registers are scarce, does it in batches of two pieces.
-      constexpr int kBatch = kConsumers == 1 ? kSteps : 2;
-      const int row = lane / 2, half = lane % 2;
-      const unsigned char* src = sm.q[q_slot][0] + (cw * 64 + 16 * wq + row) * kRowBytes;
-      const unsigned r = wg_row0 + 16 * wq + row;
-      const int64_t i = r >> w.log2_pack, head = (it.hs << w.log2_pack) + (r & pack_mask);
-      uint4* dst = reinterpret_cast<uint4*>(static_cast<T*>(p.o) + it.b * p.o_batch_stride +
-                                            i * p.o_seq_stride + head * p.o_head_stride);
+      constexpr int kPieces = D / 8;  // per row
 #pragma unroll
-      for (int k0 = 0; k0 < kSteps; k0 += kBatch) {
-        uint4 val[kBatch];
-#pragma unroll
-        for (int k = 0; k < kBatch; ++k) {
-          const int cp = 2 * (k0 + k) + half;  // the piece: column block cp / 8, bytes cp % 8
-          val[k] = *reinterpret_cast<const uint4*>(src + (cp / 8) * sizeof(sm.q[0][0]) +
-                                                   ((cp % 8) ^ (row % 8)) * 16);
+      for (int k = 0; k < 16 * kPieces / kWarp; ++k) {
+        const int g = k * kWarp + lane, row = g / kPieces, cp = g % kPieces;
+        const uint4 val = *reinterpret_cast<const uint4*>(
+            sm.q[q_slot][cp / 8] + (cw * 64 + 16 * wq + row) * kRowBytes + ((cp % 8) ^ (row % 8)) * 16);
+        const unsigned r = wg_row0 + 16 * wq + row;
+        if (r < rows) {
+          const int64_t i = r >> w.log2_pack, head = (it.hs << w.log2_pack) + (r & pack_mask);
+          T* dst = static_cast<T*>(p.o) + it.b * p.o_batch_stride + i * p.o_seq_stride +
+                   head * p.o_head_stride + cp * 8;
+          *reinterpret_cast<uint4*>(dst) = val;
         }
-        if (r < rows)
-#pragma unroll
-          for (int k = 0; k < kBatch; ++k) dst[2 * (k0 + k) + half] = val[k];
       }
     }
 #pragma unroll
