@@ -3,8 +3,8 @@
 ///        through CCCL's cuda::ptx, and the PTX CCCL does not wrap: wgmma (fence, commit, wait,
 ///        the shared-memory descriptor and its move to uniform registers; m64n128k16 with A from
 ///        shared memory, accumulating or write-only; m64n64k16 and m64n128k16 with A from
-///        registers), stmatrix, named barriers and setmaxnreg. Only compiled for sm_90a (the feature macro
-///        below); a stage that includes it guards its kernel body the same way.
+///        registers), stmatrix, named barriers and setmaxnreg. Only compiled for sm_90a (the
+///        feature macro below); a stage that includes it guards its kernel body the same way.
 #pragma once
 
 #include <cstdint>

@@ -189,8 +189,8 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
     const int q_slot = q_uses % 2;
     mbarrier_wait(&sm.q_empty[q_slot], ((q_uses / 2) & 1) ^ 1);
     mbarrier_arrive_expect_tx(&sm.q_full[q_slot], kQBytes);
-    // Programmatic dependent launch: the first read of the inputs (see the kernel) waits here, after
-    // Q's slot and byte count are set, so that only the copy follows the wait.
+    // Programmatic dependent launch: the first read of the inputs (see the kernel) waits here,
+    // after Q's slot and byte count are set, so that only the copy follows the wait.
     if (round == 0) {
       cudaGridDependencySynchronize();
       cudaTriggerProgrammaticLaunchCompletion();
@@ -625,7 +625,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
       for (int k = 0; k < 16 * kPieces / kWarp; ++k) {
         const int g = k * kWarp + lane, row = g / kPieces, cp = g % kPieces;
         const uint4 val = *reinterpret_cast<const uint4*>(
-            sm.q[q_slot][cp / 8] + (cw * 64 + 16 * wq + row) * kRowBytes + ((cp % 8) ^ (row % 8)) * 16);
+            sm.q[q_slot][cp / 8] + (cw * 64 + 16 * wq + row) * kRowBytes +
+            ((cp % 8) ^ (row % 8)) * 16);
         const unsigned r = wg_row0 + 16 * wq + row;
         if (r < rows) {
           const int64_t i = r >> w.log2_pack, head = (it.hs << w.log2_pack) + (r & pack_mask);
