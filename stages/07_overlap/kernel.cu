@@ -45,26 +45,34 @@ constexpr int kMaxSplits = 128;    // beyond this the merge costs more than the 
 constexpr int kMaxCtasPerSm = 32;  // sizes the arrival counters (hardware limit of resident CTAs)
 constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q copy and its share of the merge
 
-// The CTA for head dimension D: Consumers warpgroups of 64 query rows each after the producer's
-// warpgroup, Bc keys per K/V tile. While a consumer warpgroup computes its softmax it leaves the
-// tensor cores to the others: more consumers keep them busier, as far as the registers allow
-// (S, P and O of a thread, Bc/2 + Bc/4 + D/2). setmaxnreg leaves the
-// producer warpgroup 32 or 40 registers a thread and gives the rest of the launch's pool
-// (65536 / threads each, rounded down to 8) to the consumers. Q has two slots, so that the next
-// item's Q lands while this item's last tiles are computed; the K/V ring has as many slots as fit
-// beside them (up to 4).
-template <int D, int C>
+// The CTA for head dimension D: Consumers warpgroups of R query rows each after the producer's
+// warpgroup, Bc keys per K/V tile. R is 64, wgmma's M, or 32 (kHalf): then a warpgroup's
+// products still have 64 rows, but only the first 8 of each warp's 16 hold queries (a thread's
+// first row, h = 0), and the softmax, P and the epilogue skip the other half: on a problem too
+// small to fill the GPU, twice the CTAs each do half the softmax, which is what a lone
+// warpgroup's tile waits for (the exponentials run at 16 a cycle per SM). While a consumer
+// warpgroup computes its softmax it leaves the tensor cores to the others: more consumers keep
+// them busier, as far as the registers allow (S, P and O of a thread, Bc/2 + Bc/4 + D/2).
+// setmaxnreg leaves the producer warpgroup 32 or 40 registers a thread and gives the rest of the
+// launch's pool (65536 / threads each, rounded down to 8) to the consumers. Q has two slots, so
+// that the next item's Q lands while this item's last tiles are computed; the K/V ring has as
+// many slots as fit beside them (up to 4).
+template <int D, int C, int R>
 struct Tile {
   static constexpr int kConsumers = C;
   static constexpr int kThreads = (1 + kConsumers) * kWarpGroup;
-  static constexpr int kBr = 64 * kConsumers;  // packed query rows per work item
+  static constexpr bool kHalf = R == 32;
+  static constexpr int kBr = R * kConsumers;   // packed query rows per work item
+  static constexpr int kQRows = 64 * kConsumers;  // Q's rows in shared memory (wgmma's M each)
+  static constexpr int kQBox = kHalf ? 8 : kBr;  // packed rows per Q copy (kHalf: one per warp)
   static constexpr int kBc = 128;              // keys per K/V tile
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 40;
   static constexpr int kConsumerRegs =
       std::min(240, (65536 / kThreads / 8 * 8 * kThreads - kProducerRegs * kWarpGroup) /
                         (kConsumers * kWarpGroup) / 8 * 8);
-  static constexpr int kQBytes = kBr * D * 2, kTileBytes = kBc * D * 2;
-  static constexpr int kStages = std::min(4, (kSmemLimit - 2 * kQBytes - 2048) / (2 * kTileBytes));
+  static constexpr int kTileBytes = kBc * D * 2;
+  static constexpr int kStages =
+      std::min(4, (kSmemLimit - 2 * kQRows * D * 2 - 2048) / (2 * kTileBytes));
   static_assert(kStages >= 2, "two K/V slots at least");
   static_assert(kConsumerRegs >= 152 && kConsumerRegs <= 256, "consumer registers");
 };
@@ -77,11 +85,11 @@ constexpr int kLargeConsumers = D == 64 ? 3 : 2;
 // Shared memory. Every tile is stored as D/64 column blocks of 128-byte rows in TMA's 128-byte
 // swizzle (the 16-byte piece c of row r sits at piece c ^ (r % 8)), each block 1024-byte aligned:
 // the layout wgmma's descriptors name.
-template <int D, int C>
+template <int D, int C, int R>
 struct Smem {
-  static constexpr int kChunks = D / kCols, kStages = Tile<D, C>::kStages, kBr = Tile<D, C>::kBr,
-                       kBc = Tile<D, C>::kBc;
-  alignas(1024) unsigned char q[2][kChunks][kBr * kRowBytes];        // [slot][D/64][Br][64]
+  static constexpr int kChunks = D / kCols, kStages = Tile<D, C, R>::kStages,
+                       kQRows = Tile<D, C, R>::kQRows, kBc = Tile<D, C, R>::kBc;
+  alignas(1024) unsigned char q[2][kChunks][kQRows * kRowBytes];  // [slot][D/64][64 C][64]
   alignas(1024) unsigned char k[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
   alignas(1024) unsigned char v[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
   uint64_t q_full[2], q_empty[2];  // Q landed / every consumer warpgroup done with the slot
@@ -131,9 +139,9 @@ __host__ __device__ __forceinline__ int64_t row_end(const AttnParams& p, int64_t
 // Items in 32 bits (make_launch keeps them under 2^31). Splits fastest (a block's splits run
 // close together, and its merge soon after), then query blocks, so that the CTAs running at one
 // time share the K/V of a few heads in L2; the longest block first when causal.
-template <int D, int C>
+template <int D, int C, int R>
 __device__ __forceinline__ Item decode_item(const AttnParams& p, const Work& w, unsigned item) {
-  constexpr int kBr = Tile<D, C>::kBr, kBc = Tile<D, C>::kBc;
+  constexpr int kBr = Tile<D, C, R>::kBr, kBc = Tile<D, C, R>::kBc;
   Item it;
   it.split = static_cast<int>(item % static_cast<unsigned>(w.num_splits));
   unsigned rest = item / static_cast<unsigned>(w.num_splits);
@@ -173,17 +181,18 @@ using namespace hopper;
 
 // The producer: one thread of warpgroup 0 issues every TMA copy of this CTA's items. Q of an item
 // waits until the consumers have read the previous item's Q; each K/V tile waits for its slot.
-template <int D, int C>
+template <int D, int C, int R>
 __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, const Work& w,
-                                        Smem<D, C>& sm) {
-  constexpr int kChunks = D / kCols, kStages = Tile<D, C>::kStages, kBc = Tile<D, C>::kBc;
-  constexpr uint32_t kQBytes = Tile<D, C>::kQBytes,
-                     kTileBytes = Tile<D, C>::kTileBytes;  // whole boxes, zeros included
+                                        Smem<D, C, R>& sm) {
+  constexpr int kChunks = D / kCols, kStages = Tile<D, C, R>::kStages, kBc = Tile<D, C, R>::kBc,
+                kQBox = Tile<D, C, R>::kQBox, kQBoxes = Tile<D, C, R>::kBr / kQBox;
+  constexpr uint32_t kQBytes = Tile<D, C, R>::kBr * D * 2,
+                     kTileBytes = Tile<D, C, R>::kTileBytes;  // whole boxes, zeros included
   const unsigned group = static_cast<unsigned>(p.hq / p.hkv);  // Hq < 2^31 (make_launch)
   uint32_t q_uses = 0, kv_uses = 0;
   for (unsigned round = 0, item = item_of_round(0); item < w.n_items;
        item = item_of_round(++round)) {
-    const Item it = decode_item<D, C>(p, w, item);
+    const Item it = decode_item<D, C, R>(p, w, item);
     const int b = static_cast<int>(it.b);
     const int h_kv = static_cast<int>(static_cast<unsigned>(it.hs << w.log2_pack) / group);
     const int q_slot = q_uses % 2;
@@ -195,10 +204,14 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
       cudaGridDependencySynchronize();
       cudaTriggerProgrammaticLaunchCompletion();
     }
+    // kHalf: four copies of 8 rows, to rows 0, 16, 32 and 48 (each warp's first 8).
 #pragma unroll
     for (int c = 0; c < kChunks; ++c)
-      tma_load_5d(sm.q[q_slot][c], &maps.q, c * kCols, 0, static_cast<int>(it.row0 >> w.log2_pack),
-                  static_cast<int>(it.hs), b, &sm.q_full[q_slot]);
+#pragma unroll
+      for (int g = 0; g < kQBoxes; ++g)
+        tma_load_5d(sm.q[q_slot][c] + g * 16 * kRowBytes, &maps.q, c * kCols, 0,
+                    static_cast<int>((it.row0 + g * kQBox) >> w.log2_pack),
+                    static_cast<int>(it.hs), b, &sm.q_full[q_slot]);
     ++q_uses;
     if (it.n_tiles == 0) continue;  // a block that sees no key still gets its Q slot (epilogue)
     // A tile's K and V each wait for their own slot. The consumers read K(t) together with
@@ -281,13 +294,15 @@ constexpr float kLazy = 8.0f, kMaxExp = 256.0f;
 // The exponentials of a tile with each row's running maximum m as it stands, and their sums in
 // tot: most tiles do not raise a row's maximum, and then this is the whole softmax (alpha = 1).
 // Returns true if an exponential may exceed kMaxExp (a thread's sum of a row above it): then the
-// tile must be done again from its scores, with its maximum.
-template <int N>
+// tile must be done again from its scores, with its maximum. Half: the thread's second row (h = 1)
+// holds no query, and its elements are left as they are.
+template <bool Half, int N>
 __device__ __forceinline__ bool stale_softmax(float (&s)[N], const float (&m)[2], float scale,
                                               float (&tot)[2]) {
   float sum[2][4] = {};
 #pragma unroll
   for (int j = 0; j < N; ++j) {
+    if (Half && ((j >> 1) & 1)) continue;
     s[j] = fast_exp2(fmaf(s[j], scale, -m[(j >> 1) & 1]));
     sum[(j >> 1) & 1][(j / 4) % 4] += s[j];
   }
@@ -307,16 +322,18 @@ __device__ __forceinline__ bool stale_softmax(float (&s)[N], const float (&m)[2]
 // exponentials then stay below 2^kLazy = 256, far inside fp32, bf16 and fp16, and alpha is 1, so
 // the rescaling of O between one tile's P.V and the next turn is skipped for most tiles. O and l
 // are scaled by the same 2^-m, which the epilogue's O / l and LSE = m + log2 l undo exactly.
-template <bool Pos, int N>
+template <bool Pos, bool Half, int N>
 __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], float (&l)[2],
                                                float (&alpha)[2], const int (&limit)[2],
                                                bool masked, int quad_col, float scale) {
   constexpr float kMasked = Pos ? -INFINITY : INFINITY;
+  constexpr int kRows = Half ? 1 : 2;  // the thread's rows that hold queries
   auto pick = [](float a, float b) { return Pos ? fmaxf(a, b) : fminf(a, b); };
   if (masked) {
 #pragma unroll
     for (int j = 0; j < N; ++j)
-      if (8 * (j / 4) + quad_col + (j & 1) >= limit[(j >> 1) & 1]) s[j] = kMasked;
+      if (((j >> 1) & 1) < kRows && 8 * (j / 4) + quad_col + (j & 1) >= limit[(j >> 1) & 1])
+        s[j] = kMasked;
   }
   float ext[2][4];
 #pragma unroll
@@ -325,10 +342,11 @@ __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], flo
     for (int k = 0; k < 4; ++k) ext[h][k] = kMasked;
 #pragma unroll
   for (int j = 0; j < N; ++j)
-    ext[(j >> 1) & 1][(j / 4) % 4] = pick(ext[(j >> 1) & 1][(j / 4) % 4], s[j]);
-  float neg_m[2];
+    if (((j >> 1) & 1) < kRows)
+      ext[(j >> 1) & 1][(j / 4) % 4] = pick(ext[(j >> 1) & 1][(j / 4) % 4], s[j]);
+  float neg_m[2] = {};
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < kRows; ++h) {
     float e = pick(pick(ext[h][0], ext[h][1]), pick(ext[h][2], ext[h][3]));
     e = pick(e, __shfl_xor_sync(0xffffffffu, e, 1));
     e = pick(e, __shfl_xor_sync(0xffffffffu, e, 2));
@@ -342,26 +360,30 @@ __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], flo
   float sum[2][4] = {};
 #pragma unroll
   for (int j = 0; j < N; ++j) {
+    if (((j >> 1) & 1) >= kRows) continue;
     s[j] = fast_exp2(fmaf(s[j], scale, neg_m[(j >> 1) & 1]));
     sum[(j >> 1) & 1][(j / 4) % 4] += s[j];
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+  for (int h = 0; h < kRows; ++h)
     l[h] = l[h] * alpha[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
 }
 
 // A consumer warpgroup: rows [64 cw, 64 cw + 64) of each item, warp wq of it rows 16 wq + lane/4
 // and + 8 (the accumulator layout, hopper.cuh).
-template <typename T, int D, int C>
+template <typename T, int D, int C, int R>
 __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
-                                        Smem<D, C>& sm, int cw, int wq, int lane) {
-  constexpr int kStages = Tile<D, C>::kStages, kBr = Tile<D, C>::kBr, kBc = Tile<D, C>::kBc,
-                kConsumers = Tile<D, C>::kConsumers;
+                                        Smem<D, C, R>& sm, int cw, int wq, int lane) {
+  constexpr int kStages = Tile<D, C, R>::kStages, kBr = Tile<D, C, R>::kBr,
+                kBc = Tile<D, C, R>::kBc, kQRows = Tile<D, C, R>::kQRows,
+                kConsumers = Tile<D, C, R>::kConsumers;
+  constexpr bool kHalf = Tile<D, C, R>::kHalf;
+  constexpr int kRows = kHalf ? 1 : 2;  // a thread's rows that hold queries (h = 0, 1)
   constexpr int kS = kBc / 2, kO = D / 2;  // accumulators per thread: S[64][Bc], O[64][D]
   const unsigned rows = static_cast<unsigned>(p.sq) << w.log2_pack;  // packed rows per (b, hs)
   const unsigned pack_mask = (1u << w.log2_pack) - 1;
   const int64_t n_rows = p.b * p.hq * p.sq;
-  const int r_in_wg = 16 * wq + lane / 4;
+  const int r_in_wg = (kHalf ? 8 : 16) * wq + lane / 4;  // the thread's first row; + 8: second
   const int quad_col = 2 * (lane % 4);
   const float scale = p.scale;  // log2 units (the launch folded in log2(e)); may be negative
   uint32_t q_uses = 0, kv_uses = 0;
@@ -380,8 +402,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
 
   for (unsigned round = 0, item = item_of_round(0); item < w.n_items;
        item = item_of_round(++round)) {
-    const Item it = decode_item<D, C>(p, w, item);
-    const unsigned wg_row0 = it.row0 + 64 * cw;
+    const Item it = decode_item<D, C, R>(p, w, item);
+    const unsigned wg_row0 = it.row0 + R * cw;
     const bool active = wg_row0 < rows;  // warpgroup-uniform: a block of padding rows only paces
     // Each thread's two rows: their last key, running max m (log2 units) and partial sum l.
     int64_t end[2];
@@ -423,7 +445,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t step = (kk % 4) * 32;
-        const uint64_t a = advance(q_desc, (kk / 4) * kBr * kRowBytes + step);
+        const uint64_t a = advance(q_desc, (kk / 4) * kQRows * kRowBytes + step);
         const uint64_t bk = advance(k_desc, (kk / 4) * kBc * kRowBytes + step);
         if (kk == 0)
           wgmma_ss_n128_first<T>(s, a, bk);  // S's old registers (maybe P) are not read
@@ -463,10 +485,10 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
       // softmax returns true instead and the loop issues S(t) again from its one issue site: a
       // second site there makes ptxas serialise every product (C7514).
       const bool eligible = !retry && t > 0 && t < n_unmasked;  // the same in the warpgroup
-      const bool stale =
-          eligible && __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
+      const bool stale = eligible && __all_sync(0xffffffffu, m[0] != -INFINITY &&
+                                                                 (kHalf || m[1] != -INFINITY));
       float tot[2];
-      const bool over = stale && stale_softmax(s, m, scale, tot);
+      const bool over = stale && stale_softmax<kHalf>(s, m, scale, tot);
       const bool again = eligible && named_barrier_any(8 + cw, kWarpGroup, over);
       if (again) {
         if constexpr (kPInS) return true;  // the caller computes S(t) again (one issue site)
@@ -490,9 +512,9 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
           limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
       }
       if (scale > 0.0f)
-        online_softmax<true>(s, m, l, alpha, limit, t >= n_unmasked, quad_col, scale);
+        online_softmax<true, kHalf>(s, m, l, alpha, limit, t >= n_unmasked, quad_col, scale);
       else
-        online_softmax<false>(s, m, l, alpha, limit, t >= n_unmasked, quad_col, scale);
+        online_softmax<false, kHalf>(s, m, l, alpha, limit, t >= n_unmasked, quad_col, scale);
       return false;
     };
     // After P.V has landed (or before the first): rescale O, round P(t) from S(t).
@@ -505,7 +527,8 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
       for (int kk = 0; kk < kBc / 16; ++kk)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const uint32_t pair = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+          const uint32_t pair =  // register q holds row h = q % 2; kHalf: zeros for h = 1
+              kHalf && q % 2 ? 0u : pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
           if constexpr (kPInS)
             s[8 * kk + q] = __uint_as_float(pair);  // after the elements it replaces were read
           else
@@ -620,14 +643,14 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
       // wait for the read (the stores drain on their own, past the CTA's exit). Rows past Sq are
       // not written. The warp reads only what it wrote: __syncwarp() is the only barrier.
       __syncwarp();
-      constexpr int kPieces = D / 8;  // per row
+      constexpr int kPieces = D / 8, kWarpRows = kHalf ? 8 : 16;  // per row; the warp's rows
 #pragma unroll
-      for (int k = 0; k < 16 * kPieces / kWarp; ++k) {
+      for (int k = 0; k < kWarpRows * kPieces / kWarp; ++k) {
         const int g = k * kWarp + lane, row = g / kPieces, cp = g % kPieces;
         const uint4 val = *reinterpret_cast<const uint4*>(
             sm.q[q_slot][cp / 8] + (cw * 64 + 16 * wq + row) * kRowBytes +
             ((cp % 8) ^ (row % 8)) * 16);
-        const unsigned r = wg_row0 + 16 * wq + row;
+        const unsigned r = wg_row0 + kWarpRows * wq + row;
         if (r < rows) {
           const int64_t i = r >> w.log2_pack, head = (it.hs << w.log2_pack) + (r & pack_mask);
           T* dst = static_cast<T*>(p.o) + it.b * p.o_batch_stride + i * p.o_seq_stride +
@@ -637,7 +660,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
       }
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kRows; ++h) {
       if (!active) break;
       const unsigned r = wg_row0 + r_in_wg + 8 * h;
       const int64_t i = r >> w.log2_pack, head = (it.hs << w.log2_pack) + (r & pack_mask);
@@ -688,14 +711,14 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
 
 // grid = min(work items, resident CTAs); warpgroup 0 produces, the others consume. Each CTA takes
 // one item per round (item_of_round): the producer and the consumers walk the same list.
-template <typename T, int D, int C>
-__global__ void __launch_bounds__(Tile<D, C>::kThreads, 1)
+template <typename T, int D, int C, int R>
+__global__ void __launch_bounds__(Tile<D, C, R>::kThreads, 1)
     overlap_kernel(const __grid_constant__ Maps maps, const AttnParams p, const Work w) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   // Dynamic shared memory is only 16-byte aligned; the swizzled tiles need 1024.
-  Smem<D, C>& sm = *reinterpret_cast<Smem<D, C>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                  ~uintptr_t{1023});
+  Smem<D, C, R>& sm = *reinterpret_cast<Smem<D, C, R>*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWarp, 0);
   const int lane = threadIdx.x % kWarp;
   if (threadIdx.x == 0) {
@@ -705,13 +728,13 @@ __global__ void __launch_bounds__(Tile<D, C>::kThreads, 1)
     prefetch_tensor_map(&maps.v);
     for (int s = 0; s < 2; ++s) {
       mbarrier_init(&sm.q_full[s], 1);  // the producer's arrive_expect_tx, then the bytes
-      mbarrier_init(&sm.q_empty[s], Tile<D, C>::kConsumers * 4);  // one per consumer warp
+      mbarrier_init(&sm.q_empty[s], Tile<D, C, R>::kConsumers * 4);  // one per consumer warp
     }
-    for (int s = 0; s < Tile<D, C>::kStages; ++s) {
+    for (int s = 0; s < Tile<D, C, R>::kStages; ++s) {
       mbarrier_init(&sm.k_full[s], 1);
       mbarrier_init(&sm.v_full[s], 1);
-      mbarrier_init(&sm.k_empty[s], Tile<D, C>::kConsumers * 4);
-      mbarrier_init(&sm.v_empty[s], Tile<D, C>::kConsumers * 4);
+      mbarrier_init(&sm.k_empty[s], Tile<D, C, R>::kConsumers * 4);
+      mbarrier_init(&sm.v_empty[s], Tile<D, C, R>::kConsumers * 4);
     }
     fence_barrier_init();
   }
@@ -723,44 +746,52 @@ __global__ void __launch_bounds__(Tile<D, C>::kThreads, 1)
   // landed, so after that launch too. Past these points (the producer's wait, the consumers'
   // start; the other threads exit) the next launch may start its own prologue.
   if (warp / 4 == 0) {
-    setmaxnreg_dec<Tile<D, C>::kProducerRegs>();
-    if (warp == 0 && lane == 0) produce<D, C>(maps, p, w, sm);
+    setmaxnreg_dec<Tile<D, C, R>::kProducerRegs>();
+    if (warp == 0 && lane == 0) produce<D, C, R>(maps, p, w, sm);
   } else {
     cudaTriggerProgrammaticLaunchCompletion();
-    setmaxnreg_inc<Tile<D, C>::kConsumerRegs>();
-    consume<T, D, C>(p, w, sm, warp / 4 - 1, warp % 4, lane);
+    setmaxnreg_inc<Tile<D, C, R>::kConsumerRegs>();
+    consume<T, D, C, R>(p, w, sm, warp / 4 - 1, warp % 4, lane);
   }
 #endif
 }
 
 using Kernel = void (*)(Maps, AttnParams, Work);
 
+// The three CTAs: the large one, the small one (one consumer warpgroup) and the half one (one
+// consumer warpgroup of 32 rows).
+enum class Cta { large, small, half };
+
 template <typename T, int D>
-Kernel select_kernel(bool small) {
-  return small ? overlap_kernel<T, D, 1> : overlap_kernel<T, D, kLargeConsumers<D>>;
+Kernel select_kernel(Cta cta) {
+  if (cta == Cta::half) return overlap_kernel<T, D, 1, 32>;
+  return cta == Cta::small ? overlap_kernel<T, D, 1, 64>
+                           : overlap_kernel<T, D, kLargeConsumers<D>, 64>;
 }
-Kernel select_kernel(const AttnParams& p, bool small) {
+Kernel select_kernel(const AttnParams& p, Cta cta) {
   if (p.dtype == DType::f16)
-    return p.d == 64 ? select_kernel<__half, 64>(small) : select_kernel<__half, 128>(small);
-  return p.d == 64 ? select_kernel<__nv_bfloat16, 64>(small)
-                   : select_kernel<__nv_bfloat16, 128>(small);
+    return p.d == 64 ? select_kernel<__half, 64>(cta) : select_kernel<__half, 128>(cta);
+  return p.d == 64 ? select_kernel<__nv_bfloat16, 64>(cta)
+                   : select_kernel<__nv_bfloat16, 128>(cta);
 }
 
 // The CTA's shape for p's head dimension, for the host. smem: the layout plus the slack for
 // aligning it to 1024 bytes (dynamic shared memory is only 16-byte aligned).
 struct TileInfo {
-  int consumers, threads, br, bc, stages;
+  int consumers, threads, br, bc, stages, q_box;
   size_t smem;
 };
-template <int D, int C>
+template <int D, int C, int R>
 TileInfo tile_info() {
-  using Cfg = Tile<D, C>;
-  return {Cfg::kConsumers, Cfg::kThreads, Cfg::kBr,
-          Cfg::kBc,        Cfg::kStages,  sizeof(Smem<D, C>) + 1024};
+  using Cfg = Tile<D, C, R>;
+  return {Cfg::kConsumers, Cfg::kThreads, Cfg::kBr,  Cfg::kBc,
+          Cfg::kStages,    Cfg::kQBox,    sizeof(Smem<D, C, R>) + 1024};
 }
-TileInfo tile_of(const AttnParams& p, bool small) {
-  if (small) return p.d == 64 ? tile_info<64, 1>() : tile_info<128, 1>();
-  return p.d == 64 ? tile_info<64, kLargeConsumers<64>>() : tile_info<128, kLargeConsumers<128>>();
+TileInfo tile_of(const AttnParams& p, Cta cta) {
+  if (cta == Cta::half) return p.d == 64 ? tile_info<64, 1, 32>() : tile_info<128, 1, 32>();
+  if (cta == Cta::small) return p.d == 64 ? tile_info<64, 1, 64>() : tile_info<128, 1, 64>();
+  return p.d == 64 ? tile_info<64, kLargeConsumers<64>, 64>()
+                   : tile_info<128, kLargeConsumers<128>, 64>();
 }
 
 // How many key ranges: none unless the grid would leave the GPU part-empty; then as many as fit
@@ -786,13 +817,14 @@ Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
   const int64_t group = p.hq / p.hkv;
-  auto configure = [&](bool small, Launch* l) -> Status {
-    l->tile = tile_of(p, small);
+  auto configure = [&](Cta cta, Launch* l) -> Status {
+    l->tile = tile_of(p, cta);
     const int kBr = l->tile.br;
-    // Pack the largest power of two of a GQA group's heads that divides both the group and Br:
-    // TMA's box then takes Br / 2^k query positions of 2^k heads, which is Br packed rows.
+    // Pack the largest power of two of a GQA group's heads that divides both the group and Q's
+    // box: TMA's box then takes box / 2^k query positions of 2^k heads, box packed rows.
     int log2_pack = 0;
-    while ((group % (int64_t{2} << log2_pack)) == 0 && kBr % (2 << log2_pack) == 0) ++log2_pack;
+    while ((group % (int64_t{2} << log2_pack)) == 0 && l->tile.q_box % (2 << log2_pack) == 0)
+      ++log2_pack;
     const int64_t rows = p.sq << log2_pack;
     const int64_t kMax32 =
         (int64_t{1} << 31) - kBr - l->tile.bc;  // rows, keys and items in 32 bits
@@ -800,7 +832,7 @@ Status make_launch(const AttnParams& p, Launch* out) {
       return Status::Error("Sq * 2^pack (" + std::to_string(rows) + "), Sk (" +
                            std::to_string(p.sk) + ") and Hq (" + std::to_string(p.hq) +
                            ") must be under stage " + kStageName + "'s limit 2^31");
-    l->kernel = select_kernel(p, small);
+    l->kernel = select_kernel(p, cta);
     l->smem = l->tile.smem;
     if (l->smem > device->smem_per_block_optin)
       return Status::Error(std::string("stage ") + kStageName + " needs " +
@@ -816,17 +848,23 @@ Status make_launch(const AttnParams& p, Launch* out) {
     l->sm_count = device->sm_count;
     return Status::Ok();
   };
-  Launch large, small;
-  ATTN_TRY(configure(false, &large));
-  ATTN_TRY(configure(true, &small));
+  Launch large, small, half;
+  ATTN_TRY(configure(Cta::large, &large));
+  ATTN_TRY(configure(Cta::small, &small));
+  ATTN_TRY(configure(Cta::half, &half));
   auto unsplit_of = [&](const Launch& l) {
     return int64_t{l.work.q_blocks} * (p.hq >> l.work.log2_pack) * p.b;
   };
-  // The large CTA when its grid fills most of one wave (80%, as for splitting); else the small one
-  // when its grid fits in one wave; else the large one (a few long items, not two rounds of short).
+  // The large CTA when its grid fills most of one wave (80%, as for splitting); else the half one
+  // when it spreads the query blocks over twice the CTAs of the small one and its grid fills at
+  // most half a wave, else the small one; else the large one (a few long items, not two rounds of
+  // short). The half CTAs read each K/V tile twice as often: only a grid far from the memory's
+  // bandwidth pays that for the shorter softmax.
   const bool use_large =
       unsplit_of(large) * 10 >= large.slots * 8 || unsplit_of(small) > small.slots;
-  Launch l = use_large ? large : small;
+  const bool use_half =
+      unsplit_of(half) == 2 * unsplit_of(small) && unsplit_of(half) * 2 <= half.slots;
+  Launch l = use_large ? large : use_half ? half : small;
   Work& w = l.work;
   const int64_t unsplit = unsplit_of(l);
   const int64_t kv_tiles = (p.sk + l.tile.bc - 1) / l.tile.bc;
@@ -890,8 +928,8 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
 }
 
 // The three tensor maps. Q: (d, head in pack, position, packed head, batch), box (64, 2^k,
-// Br / 2^k): one box is Br packed rows of 64 columns. K and V: (d, position, kv head, batch), box
-// (64, Bc). Strides in bytes, from AttnParams' element strides.
+// rows / 2^k): one box is Br packed rows (kHalf: 8) of 64 columns. K and V: (d, position, kv head,
+// batch), box (64, Bc). Strides in bytes, from AttnParams' element strides.
 Status encode_maps(const AttnParams& p, const TileInfo& tile, int log2_pack, Maps* maps) {
   const uint64_t e = 2, pack = uint64_t{1} << log2_pack;
   const uint64_t q_dims[5] = {static_cast<uint64_t>(p.d), pack, static_cast<uint64_t>(p.sq),
@@ -899,7 +937,7 @@ Status encode_maps(const AttnParams& p, const TileInfo& tile, int log2_pack, Map
   const uint64_t q_strides[4] = {p.q_head_stride * e, p.q_seq_stride * e,
                                  pack * p.q_head_stride * e, p.q_batch_stride * e};
   const uint32_t q_box[5] = {kCols, static_cast<uint32_t>(pack),
-                             static_cast<uint32_t>(tile.br / pack), 1, 1};
+                             static_cast<uint32_t>(tile.q_box / pack), 1, 1};
   ATTN_TRY(encode_tensor_map(&maps->q, p.q, p.dtype, 5, q_dims, q_strides, q_box, "q"));
   const uint32_t kv_box[4] = {kCols, static_cast<uint32_t>(tile.bc), 1, 1};
   const uint64_t kv_dims[4] = {static_cast<uint64_t>(p.d), static_cast<uint64_t>(p.sk),
