@@ -386,6 +386,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
   const int r_in_wg = (kHalf ? 8 : 16) * wq + lane / 4;  // the thread's first row; + 8: second
   const int quad_col = 2 * (lane % 4);
   const float scale = p.scale;  // log2 units (the launch folded in log2(e)); may be negative
+  const uint32_t opaque_zero = static_cast<uint32_t>(p.sq >> 32);  // Sq < 2^31 (make_launch)
   uint32_t q_uses = 0, kv_uses = 0;
   // Pingpong: the consumer warpgroups issue their products in turns, in the order 0, 1, .., C - 1,
   // and each hands the turn on right after, so that the others' softmax runs while its products
@@ -527,8 +528,12 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
       for (int kk = 0; kk < kBc / 16; ++kk)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const uint32_t pair =  // register q holds row h = q % 2; kHalf: zeros for h = 1
-              kHalf && q % 2 ? 0u : pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+          // Register q holds row h = q % 2. kHalf: zeros for h = 1, its two elements rounded as
+          // the others and masked by a zero the compiler cannot see through (opaque_zero). With
+          // those elements read by nothing, or only by bitwise operations, ptxas serialises
+          // every wgmma of the kernel (C7511).
+          uint32_t pair = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+          if (kHalf && q % 2) pair &= opaque_zero;
           if constexpr (kPInS)
             s[8 * kk + q] = __uint_as_float(pair);  // after the elements it replaces were read
           else
