@@ -860,15 +860,17 @@ Status make_launch(const AttnParams& p, Launch* out) {
   auto unsplit_of = [&](const Launch& l) {
     return int64_t{l.work.q_blocks} * (p.hq >> l.work.log2_pack) * p.b;
   };
-  // The large CTA when its grid fills most of one wave (80%, as for splitting); else the half one
-  // when it spreads the query blocks over twice the CTAs of the small one and its grid fills at
-  // most half a wave, else the small one; else the large one (a few long items, not two rounds of
-  // short). The half CTAs read each K/V tile twice as often: only a grid far from the memory's
-  // bandwidth pays that for the shorter softmax.
+  // The large CTA when its grid fills most of one wave (80%, as for splitting); else the small one
+  // when its grid fits in one wave, or rather the half one (below); else the large one (a few long
+  // items, not two rounds of short). The half CTA when it packs as many heads as the small one
+  // and has as many items (blocks of at most 32 rows, as in decode: the same copies, half the
+  // softmax), or twice as many in at most half a wave: those read each K/V tile twice, which only
+  // a grid far from the memory's bandwidth pays for with the shorter softmax.
   const bool use_large =
       unsplit_of(large) * 10 >= large.slots * 8 || unsplit_of(small) > small.slots;
   const bool use_half =
-      unsplit_of(half) == 2 * unsplit_of(small) && unsplit_of(half) * 2 <= half.slots;
+      half.work.log2_pack == small.work.log2_pack &&
+      (unsplit_of(half) == unsplit_of(small) || unsplit_of(half) * 2 <= half.slots);
   Launch l = use_large ? large : use_half ? half : small;
   Work& w = l.work;
   const int64_t unsplit = unsplit_of(l);
