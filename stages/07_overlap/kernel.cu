@@ -7,7 +7,8 @@
 // of tile t runs while that P.V is on the tensor cores (wgmma_wait<1>); and launches overlap
 // (programmatic dependent launch): a launch's prologue, up to its first item's decoding, runs
 // while the previous one drains. O leaves through shared memory (stmatrix) in 16-byte stores,
-// which drain while the warpgroup starts its next item.
+// which drain while the warpgroup starts its next item. On problems far from filling the GPU, a
+// half CTA (32 query rows to a warpgroup) spreads each SM's softmax over twice the SMs.
 //   consumers, per tile t: wait for K(t) and V(t-1); in their turn issue S(t) = Q.K(t)^T and
 //   O += P(t-1).V(t-1); wait for S(t), free K(t); softmax(t); wait for P.V, free V(t-1);
 //   rescale O (only when a row's maximum grew by more than 2^8, so rarely), P(t) from S(t). The
