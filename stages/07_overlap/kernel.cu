@@ -49,23 +49,21 @@ constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q copy and its
 // The CTA for head dimension D: Consumers warpgroups of R query rows each after the producer's
 // warpgroup, Bc keys per K/V tile. R is 64, wgmma's M, or 32 (kHalf): then a warpgroup's
 // products still have 64 rows, but only the first 8 of each warp's 16 hold queries (a thread's
-// first row, h = 0), and the softmax, P and the epilogue skip the other half: on a problem too
-// small to fill the GPU, twice the CTAs each do half the softmax, which is what a lone
-// warpgroup's tile waits for (the exponentials run at 16 a cycle per SM). While a consumer
-// warpgroup computes its softmax it leaves the tensor cores to the others: more consumers keep
-// them busier, as far as the registers allow (S, P and O of a thread, Bc/2 + Bc/4 + D/2).
-// setmaxnreg leaves the producer warpgroup 32 or 40 registers a thread and gives the rest of the
-// launch's pool (65536 / threads each, rounded down to 8) to the consumers. Q has two slots, so
-// that the next item's Q lands while this item's last tiles are computed; the K/V ring has as
-// many slots as fit beside them (up to 4).
+// first row, h = 0; Q's descriptor, in consume), and the softmax, P and the epilogue skip the
+// other half: on a problem too small to fill the GPU, twice the CTAs each do half the softmax,
+// which is what a lone warpgroup's tile waits for (the exponentials run at 16 a cycle per SM).
+// While a consumer warpgroup computes its softmax it leaves the tensor cores to the others: more
+// consumers keep them busier, as far as the registers allow (S, P and O of a thread, Bc/2 + Bc/4
+// + D/2). setmaxnreg leaves the producer warpgroup 32 or 40 registers a thread and gives the rest
+// of the launch's pool (65536 / threads each, rounded down to 8) to the consumers. Q has two
+// slots, so that the next item's Q lands while this item's last tiles are computed; the K/V ring
+// has as many slots as fit beside them (up to 4).
 template <int D, int C, int R>
 struct Tile {
   static constexpr int kConsumers = C;
   static constexpr int kThreads = (1 + kConsumers) * kWarpGroup;
-  static constexpr bool kHalf = R == 32;
   static constexpr int kBr = R * kConsumers;   // packed query rows per work item
-  static constexpr int kQRows = 64 * kConsumers;  // Q's rows in shared memory (wgmma's M each)
-  static constexpr int kQBox = kHalf ? 8 : kBr;  // packed rows per Q copy (kHalf: one per warp)
+  static constexpr int kQRows = 64 * kConsumers;  // a Q slot's rows (wgmma's M each)
   static constexpr int kBc = 128;              // keys per K/V tile
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 40;
   static constexpr int kConsumerRegs =
@@ -185,8 +183,7 @@ using namespace hopper;
 template <int D, int C, int R>
 __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, const Work& w,
                                         Smem<D, C, R>& sm) {
-  constexpr int kChunks = D / kCols, kStages = Tile<D, C, R>::kStages, kBc = Tile<D, C, R>::kBc,
-                kQBox = Tile<D, C, R>::kQBox, kQBoxes = Tile<D, C, R>::kBr / kQBox;
+  constexpr int kChunks = D / kCols, kStages = Tile<D, C, R>::kStages, kBc = Tile<D, C, R>::kBc;
   constexpr uint32_t kQBytes = Tile<D, C, R>::kBr * D * 2,
                      kTileBytes = Tile<D, C, R>::kTileBytes;  // whole boxes, zeros included
   const unsigned group = static_cast<unsigned>(p.hq / p.hkv);  // Hq < 2^31 (make_launch)
@@ -205,14 +202,10 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
       cudaGridDependencySynchronize();
       cudaTriggerProgrammaticLaunchCompletion();
     }
-    // kHalf: four copies of 8 rows, to rows 0, 16, 32 and 48 (each warp's first 8).
 #pragma unroll
     for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-      for (int g = 0; g < kQBoxes; ++g)
-        tma_load_5d(sm.q[q_slot][c] + g * 16 * kRowBytes, &maps.q, c * kCols, 0,
-                    static_cast<int>((it.row0 + g * kQBox) >> w.log2_pack),
-                    static_cast<int>(it.hs), b, &sm.q_full[q_slot]);
+      tma_load_5d(sm.q[q_slot][c], &maps.q, c * kCols, 0, static_cast<int>(it.row0 >> w.log2_pack),
+                  static_cast<int>(it.hs), b, &sm.q_full[q_slot]);
     ++q_uses;
     if (it.n_tiles == 0) continue;  // a block that sees no key still gets its Q slot (epilogue)
     // A tile's K and V each wait for their own slot. The consumers read K(t) together with
@@ -378,7 +371,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
   constexpr int kStages = Tile<D, C, R>::kStages, kBr = Tile<D, C, R>::kBr,
                 kBc = Tile<D, C, R>::kBc, kQRows = Tile<D, C, R>::kQRows,
                 kConsumers = Tile<D, C, R>::kConsumers;
-  constexpr bool kHalf = Tile<D, C, R>::kHalf;
+  constexpr bool kHalf = R == 32;  // the half CTA (Tile)
   constexpr int kRows = kHalf ? 1 : 2;  // a thread's rows that hold queries (h = 0, 1)
   constexpr int kS = kBc / 2, kO = D / 2;  // accumulators per thread: S[64][Bc], O[64][D]
   const unsigned rows = static_cast<unsigned>(p.sq) << w.log2_pack;  // packed rows per (b, hs)
@@ -426,8 +419,12 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
     // Descriptors go through uniform() (common/hopper.cuh): a turn is the issue of a tile's 16
     // products, and with descriptors in ordinary registers each wgmma waits on R2UR copies of its
     // two; in uniform registers it needs only a few uniform adds and moves.
+    // kHalf: Q's 32 rows lie packed in the slot, and the 8-row groups of the products' 64 rows
+    // step 512 bytes instead of 1024, so that group 2 wq, warp wq's first 8 rows, is Q's rows
+    // 8 wq to 8 wq + 7; the odd groups (the rows h = 1, which nothing uses) read across two.
     const uint64_t q_desc =  // this warpgroup's 64 rows
-        uniform(smem_descriptor(smem_addr(sm.q[q_slot]) + cw * 64 * kRowBytes, 16, 1024));
+        uniform(smem_descriptor(smem_addr(sm.q[q_slot]) + cw * 64 * kRowBytes, 16,
+                                kHalf ? 512 : 1024));
     mbarrier_wait(&sm.q_full[q_slot], (q_uses / 2) & 1);
     ++q_uses;
     // The tiles, overlapped inside the warpgroup: S of tile t is issued together with P.V of
@@ -784,14 +781,14 @@ Kernel select_kernel(const AttnParams& p, Cta cta) {
 // The CTA's shape for p's head dimension, for the host. smem: the layout plus the slack for
 // aligning it to 1024 bytes (dynamic shared memory is only 16-byte aligned).
 struct TileInfo {
-  int consumers, threads, br, bc, stages, q_box;
+  int consumers, threads, br, bc, stages;
   size_t smem;
 };
 template <int D, int C, int R>
 TileInfo tile_info() {
   using Cfg = Tile<D, C, R>;
-  return {Cfg::kConsumers, Cfg::kThreads, Cfg::kBr,  Cfg::kBc,
-          Cfg::kStages,    Cfg::kQBox,    sizeof(Smem<D, C, R>) + 1024};
+  return {Cfg::kConsumers, Cfg::kThreads, Cfg::kBr,
+          Cfg::kBc,        Cfg::kStages,  sizeof(Smem<D, C, R>) + 1024};
 }
 TileInfo tile_of(const AttnParams& p, Cta cta) {
   if (cta == Cta::half) return p.d == 64 ? tile_info<64, 1, 32>() : tile_info<128, 1, 32>();
@@ -826,11 +823,10 @@ Status make_launch(const AttnParams& p, Launch* out) {
   auto configure = [&](Cta cta, Launch* l) -> Status {
     l->tile = tile_of(p, cta);
     const int kBr = l->tile.br;
-    // Pack the largest power of two of a GQA group's heads that divides both the group and Q's
-    // box: TMA's box then takes box / 2^k query positions of 2^k heads, box packed rows.
+    // Pack the largest power of two of a GQA group's heads that divides both the group and Br:
+    // TMA's box then takes Br / 2^k query positions of 2^k heads, which is Br packed rows.
     int log2_pack = 0;
-    while ((group % (int64_t{2} << log2_pack)) == 0 && l->tile.q_box % (2 << log2_pack) == 0)
-      ++log2_pack;
+    while ((group % (int64_t{2} << log2_pack)) == 0 && kBr % (2 << log2_pack) == 0) ++log2_pack;
     const int64_t rows = p.sq << log2_pack;
     const int64_t kMax32 =
         (int64_t{1} << 31) - kBr - l->tile.bc;  // rows, keys and items in 32 bits
@@ -936,8 +932,8 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
 }
 
 // The three tensor maps. Q: (d, head in pack, position, packed head, batch), box (64, 2^k,
-// rows / 2^k): one box is Br packed rows (kHalf: 8) of 64 columns. K and V: (d, position, kv head,
-// batch), box (64, Bc). Strides in bytes, from AttnParams' element strides.
+// Br / 2^k): one box is Br packed rows of 64 columns. K and V: (d, position, kv head, batch), box
+// (64, Bc). Strides in bytes, from AttnParams' element strides.
 Status encode_maps(const AttnParams& p, const TileInfo& tile, int log2_pack, Maps* maps) {
   const uint64_t e = 2, pack = uint64_t{1} << log2_pack;
   const uint64_t q_dims[5] = {static_cast<uint64_t>(p.d), pack, static_cast<uint64_t>(p.sq),
@@ -945,7 +941,7 @@ Status encode_maps(const AttnParams& p, const TileInfo& tile, int log2_pack, Map
   const uint64_t q_strides[4] = {p.q_head_stride * e, p.q_seq_stride * e,
                                  pack * p.q_head_stride * e, p.q_batch_stride * e};
   const uint32_t q_box[5] = {kCols, static_cast<uint32_t>(pack),
-                             static_cast<uint32_t>(tile.q_box / pack), 1, 1};
+                             static_cast<uint32_t>(tile.br / pack), 1, 1};
   ATTN_TRY(encode_tensor_map(&maps->q, p.q, p.dtype, 5, q_dims, q_strides, q_box, "q"));
   const uint32_t kv_box[4] = {kCols, static_cast<uint32_t>(tile.bc), 1, 1};
   const uint64_t kv_dims[4] = {static_cast<uint64_t>(p.d), static_cast<uint64_t>(p.sk),
