@@ -8,8 +8,9 @@ function(attn_add_stage name)
   add_library(${lib} STATIC ${ARGN})
   target_link_libraries(${lib} PUBLIC attn_common)
   attn_cuda_options(${lib})
-  # A ptxas warning in a stage is an error, and so are its notes C7508-C7515 (ignored register
-  # moves, wgmma products serialised), which ptxas prints as "info": the launcher fails on them.
+  # A ptxas warning in a stage is an error, and so are its "Potential Performance Loss" notes
+  # (wgmma products serialised, register moves ignored), which it prints as "info": the launcher
+  # fails on them.
   target_compile_options(${lib} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-Werror>)
   set_target_properties(${lib} PROPERTIES
                         CUDA_COMPILER_LAUNCHER ${PROJECT_SOURCE_DIR}/cmake/ptxas_guard.sh)

@@ -363,8 +363,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], flo
     l[h] = l[h] * alpha[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
 }
 
-// A consumer warpgroup: rows [64 cw, 64 cw + 64) of each item, warp wq of it rows 16 wq + lane/4
-// and + 8 (the accumulator layout, hopper.cuh).
+// A consumer warpgroup: rows [R cw, R cw + R) of each item, warp wq of it rows 16 wq + lane/4
+// and + 8 (the accumulator layout, hopper.cuh; the half CTA: rows 8 wq + lane/4 only).
 template <typename T, int D, int C, int R>
 __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
                                         Smem<D, C, R>& sm, int cw, int wq, int lane) {
