@@ -167,9 +167,12 @@ __device__ __forceinline__ void attend_row(const AttnParams& p, const T* q, cons
   if (lane < HPW) smem_lse[lane] = l_lane > 0.0f ? (m_lane + log2f(l_lane)) * kLn2 : -INFINITY;
 }
 
-// 02's merge of n parts of one output row (part s: LSE at lse[s * lse_stride], O at o + s *
-// o_stride), in part order; lane l takes O's elements [l E, l E + E); returns the LSE. Other SMs
-// wrote the parts during this launch: they are read through L2 only (ld.global.cg), not from L1.
+// The merge of n parts of one output row, part s normalised over its own keys, with its LSE at
+// lse[s * lse_stride] and its O at o + s * o_stride. With m = max_s LSE_s (-inf counted as 0, so
+// that an all-empty row stays finite) and w_s = exp(LSE_s - m): O = sum_s w_s O_s / sum_s w_s and
+// LSE = m + log sum_s w_s, summed in part order (bit-identical run to run). Lane l takes elements
+// [l E, l E + E) of O. Returns the LSE.
+// From 03 on, other SMs wrote the parts during this launch: they are read through L2 (ld.cg).
 template <int E>
 __device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_stride, const float* o,
                                              int64_t o_stride, int n, int lane, float (&o_row)[E]) {
@@ -195,11 +198,13 @@ __device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_strid
   return sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
-// Resident CTAs per SM asked of the compiler, for the persistent loop's live values: GQA 4 (8
-// heads: 2; 4 heads at D = 64: 3, as 4 would spill); 8 warp rows 4 (D = 128) or 3; key warps none,
-// the compiler's own (at 6 they would spill hundreds of bytes).
-constexpr int min_ctas_per_sm(int hpw, int kw, int d) {
-  return hpw == 1 ? (kw > 1 ? 0 : d == 128 ? 4 : 3) : hpw == 8 ? 2 : hpw == 4 && d == 64 ? 3 : 4;
+// Resident CTAs per SM asked of the compiler (the register bound): with GQA packing 4 (2 or 4
+// heads per warp: a 4th CTA's loads in flight are worth more registers) or 2 (8 heads: q and O
+// alone take 128 registers); without it none, the compiler's own choice.
+// In 03 also 4 for 8 warp rows, but 3 at D = 64 with the queue's live values, and for 4 heads.
+constexpr int min_ctas_per_sm(int hpw, int kw, int d, bool queue) {
+  return hpw == 1 ? (kw > 1 ? 0 : d == 64 && queue ? 3 : 4)
+                  : hpw == 8 ? 2 : hpw == 4 && d == 64 ? 3 : 4;
 }
 
 // Shared memory of a CTA of Br warp rows of HPW heads, KW key warps each.
@@ -298,11 +303,10 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   }
 }
 
-// grid = min(work items, resident CTAs), block Br * KW warps. Each CTA loops over work items.
-template <typename T, int D, int Br, int HPW, int KW>
-__global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
+// grid = min(work items, resident CTAs), block Br * KW warps; with the queue each loops over items.
+template <typename T, int D, int Br, int HPW, int KW, bool kQueue>
+__global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D, kQueue))
     attention_kernel(const AttnParams p, const SplitArgs split) {
-  constexpr int kRows = Br * HPW, kRowsPerWarpRow = HPW, kRowsPerWarp = (HPW + KW - 1) / KW;
   __shared__ __align__(16) Smem<D, Br, HPW, KW> sm;
   __shared__ unsigned s_item;
   __shared__ bool s_last;
@@ -313,13 +317,11 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
   const unsigned n_splits = split.num_splits, n_hkv = static_cast<unsigned>(p.hkv);
   const unsigned n_q = static_cast<unsigned>(split.q_blocks), n_b = static_cast<unsigned>(p.b);
   const unsigned n_items = n_q * n_hkv * n_b * n_splits;
-  const bool queue = gridDim.x < n_items;  // else one item per CTA, and no queue
   for (unsigned item = blockIdx.x; item < n_items;) {
     // 0. Ask for the next item now: the atomic's round trip overlaps this item's work.
-    unsigned next = n_items;
-    if (queue && threadIdx.x == 0)
-      next = gridDim.x + static_cast<unsigned>(atomicAdd(split.next_item, 1ull));
-
+    const unsigned next = kQueue && threadIdx.x == 0
+                              ? gridDim.x + static_cast<unsigned>(atomicAdd(split.next_item, 1ull))
+                              : n_items;
     // 1. Decode the item: splits fastest; without a mask query blocks next (CTAs running at once
     //    share K and V tiles in L2); causal, query blocks last, the longest (latest) first.
     const int split_idx = static_cast<int>(item % n_splits);
@@ -329,7 +331,6 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
     const int64_t h_kv = p.causal ? x0 : x1, b = p.causal ? x1 : x2, q_rank = p.causal ? x2 : x0;
     const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
     attend_block<T, D, Br, HPW, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, sm);
-
     // 2. Fused merge: the CTA whose arrival completes the block's count (a release and acquire at
     //    GPU scope between two barriers: the partials come first) merges it, resets the count.
     if (split.num_splits > 1) {
@@ -342,14 +343,9 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
       }
       __syncthreads();
       if (s_last) {
-        const unsigned group = static_cast<unsigned>(p.hq / p.hkv);
-        const unsigned rows = static_cast<unsigned>(p.sq) * group;
-        const int rw = warp / KW, kw = warp % KW;  // each warp merges the rows it stored
-#pragma unroll
-        for (int t = 0; t < kRowsPerWarp; ++t) {
-          const unsigned r = static_cast<unsigned>(q_block) * kRows + rw * kRowsPerWarpRow
-                             + kw + KW * t;
-          if (kw + KW * t >= kRowsPerWarpRow || r >= rows) break;
+        const unsigned group = static_cast<unsigned>(p.hq / p.hkv), r0 = q_block * Br * HPW;
+        const unsigned r_end = min(static_cast<unsigned>(p.sq) * group, r0 + Br * HPW);
+        for (unsigned r = r0 + warp; r < r_end; r += Br * KW) {  // warp w: rows w, w + warps, ...
           const int64_t h = h_kv * group + r % group, i = r / group;
           const int64_t n_rows = p.b * p.hq * p.sq, row = (b * p.hq + h) * p.sq + i;
           float o_row[D / kWarp];
@@ -359,8 +355,7 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
         }
       }
     }
-    if (!queue) break;
-
+    if (!kQueue) break;
     // 3. The next item: a barrier publishes the fetch, a second guards s_item and shared memory.
     if (threadIdx.x == 0) s_item = next;
     __syncthreads();
@@ -368,7 +363,7 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
     __syncthreads();
   }
   // 4. The last CTA to find the queue empty resets it: every other CTA has made its last fetch.
-  if (queue && threadIdx.x == 0) {
+  if (kQueue && threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(split.exited, 1u) == gridDim.x - 1) *split.next_item = 0, *split.exited = 0;
   }
@@ -376,31 +371,32 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
 
 using Kernel = void (*)(AttnParams, SplitArgs);
 
-template <typename T, int D>
+template <typename T, int D, bool kQueue>
 Kernel select_kernel(int hpw, bool key_warps) {
   switch (hpw) {
-    case 8: return attention_kernel<T, D, 1, 8, kKeyWarps>;
-    case 4: return attention_kernel<T, D, 1, 4, kKeyWarps>;
-    case 2: return attention_kernel<T, D, 1, 2, kKeyWarps>;
+    case 8: return attention_kernel<T, D, 1, 8, kKeyWarps, kQueue>;
+    case 4: return attention_kernel<T, D, 1, 4, kKeyWarps, kQueue>;
+    case 2: return attention_kernel<T, D, 1, 2, kKeyWarps, kQueue>;
     default:
-      return key_warps ? attention_kernel<T, D, kBr / kKeyWarps, 1, kKeyWarps>
-                       : attention_kernel<T, D, kBr, 1, 1>;
+      return key_warps ? attention_kernel<T, D, kBr / kKeyWarps, 1, kKeyWarps, kQueue>
+                       : attention_kernel<T, D, kBr, 1, 1, kQueue>;
   }
 }
 
 // Heads per warp row: the largest of 8, 4, 2, 1 that divides the GQA group. With grouping, one
 // warp row of kKeyWarps warps per CTA, so that decode's few rows still spread over many CTAs.
 // Without it, 8 warp rows of one warp as in 01, or (key_warps) 2 rows of 4 warps: 4x the CTAs.
+template <bool kQueue>
 Kernel select_kernel(const AttnParams& p, bool key_warps, int* br, int* hpw, int* kw) {
   const int64_t group = p.hq / p.hkv;
   *hpw = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
   *br = *hpw > 1 ? 1 : key_warps ? kBr / kKeyWarps : kBr;
   *kw = *hpw > 1 || key_warps ? kKeyWarps : 1;
   if (p.dtype == DType::f16)
-    return p.d == 64 ? select_kernel<__half, 64>(*hpw, key_warps)
-                     : select_kernel<__half, 128>(*hpw, key_warps);
-  return p.d == 64 ? select_kernel<__nv_bfloat16, 64>(*hpw, key_warps)
-                   : select_kernel<__nv_bfloat16, 128>(*hpw, key_warps);
+    return p.d == 64 ? select_kernel<__half, 64, kQueue>(*hpw, key_warps)
+                     : select_kernel<__half, 128, kQueue>(*hpw, key_warps);
+  return p.d == 64 ? select_kernel<__nv_bfloat16, 64, kQueue>(*hpw, key_warps)
+                   : select_kernel<__nv_bfloat16, 128, kQueue>(*hpw, key_warps);
 }
 
 // How many key ranges: none unless the grid leaves an SM without a CTA; then as many as fit
@@ -427,8 +423,9 @@ struct Launch {
 Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
-  auto configure = [&](bool key_warps, Launch* c) -> Status {
-    c->kernel = select_kernel(p, key_warps, &c->br, &c->hpw, &c->kw);
+  auto configure = [&](bool key_warps, bool queue, Launch* c) -> Status {
+    c->kernel = (queue ? select_kernel<true> : select_kernel<false>)(p, key_warps, &c->br,
+                                                                     &c->hpw, &c->kw);
     c->split.q_blocks = (p.sq * (p.hq / p.hkv) + c->br * c->hpw - 1) / (c->br * c->hpw);
     ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(c->kernel), c->br * c->kw * kWarp,
                                   0, &c->ctas_per_sm));
@@ -439,10 +436,10 @@ Status make_launch(const AttnParams& p, Launch* out) {
   // Without GQA packing, 8 rows per CTA as in 01; when those leave an SM without a CTA, 2 rows of
   // 4 key warps (4x the CTAs), if all of them fit on the GPU at once.
   Launch l;
-  ATTN_TRY(configure(false, &l));
+  ATTN_TRY(configure(false, false, &l));
   if (l.hpw == 1 && l.split.q_blocks * p.hkv * p.b < device->sm_count) {
     Launch key_warps;
-    ATTN_TRY(configure(true, &key_warps));
+    ATTN_TRY(configure(true, false, &key_warps));
     if (key_warps.split.q_blocks * p.hkv * p.b <= key_warps.slots) l = key_warps;
   }
   // At most kv_tiles / KW splits (a tile for every key warp), of whole tiles, recounted so that
@@ -457,16 +454,18 @@ Status make_launch(const AttnParams& p, Launch* out) {
   if (l.items >= kMax32 || p.sq * p.hq >= kMax32)
     return Status::Error(std::string(kStageName) + ": work items (" + std::to_string(l.items) +
                          ") and Sq * Hq (" + std::to_string(p.sq * p.hq) + ") must be under 2^31");
+  if (l.items > l.slots) ATTN_TRY(configure(l.hpw == 1 && l.kw > 1, true, &l));  // persistent
   l.ctas = std::min(l.items, l.slots);
   l.sm_count = device->sm_count;
   *out = l;
   return Status::Ok();
 }
 
-// Workspace: [counters][o_partial][lse_partial], 256-byte aligned. The counters take the same
-// bytes for any shape (a split launch has fewer query blocks than slots): zeros left serve all.
+// Workspace: the partials of every split, O (D floats per row) and LSE (one per row), each part
+// 256-byte aligned; none without a split.
+// From 03 on, the counters come first, the same bytes for any shape: zeros left serve all.
 struct WorkspaceLayout {
-  size_t o_partial = 0, lse_partial = 0, total = 0;  // byte offsets; the counters are at 0
+  size_t o_partial = 0, lse_partial = 0, total = 0;  // byte offsets
 };
 
 WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
@@ -493,8 +492,8 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
   out->block = dim3(l.br * l.kw * kWarp);
   out->dynamic_smem_bytes = 0;
   out->kernel = reinterpret_cast<const void*>(l.kernel);
-  out->notes = std::to_string(l.ctas) + " CTAs over " + std::to_string(l.items) + " items, " +
-               std::to_string(l.split.num_splits) + " splits, KW=" + std::to_string(l.kw);
+  out->notes = std::to_string(l.ctas) + " CTAs, " + std::to_string(l.split.num_splits) +
+               " splits, " + std::to_string(l.kw) + " key warps";
   return Status::Ok();
 }
 

@@ -112,9 +112,12 @@ __device__ __forceinline__ void load_kv(T (&k_tile)[Rows][D + kPad], T (&v_tile)
   }
 }
 
-// 02's merge of n parts of one output row (part s: LSE at lse[s * lse_stride], O at o + s *
-// o_stride), in part order; lane l takes O's elements [l E, l E + E); returns the LSE. Other SMs
-// wrote the parts during this launch: they are read through L2 only (ld.global.cg), not from L1.
+// The merge of n parts of one output row, part s normalised over its own keys, with its LSE at
+// lse[s * lse_stride] and its O at o + s * o_stride. With m = max_s LSE_s (-inf counted as 0, so
+// that an all-empty row stays finite) and w_s = exp(LSE_s - m): O = sum_s w_s O_s / sum_s w_s and
+// LSE = m + log sum_s w_s, summed in part order (bit-identical run to run). Lane l takes elements
+// [l E, l E + E) of O. Returns the LSE.
+// From 03 on, other SMs wrote the parts during this launch: they are read through L2 (ld.cg).
 template <int E>
 __device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_stride, const float* o,
                                              int64_t o_stride, int n, int lane, float (&o_row)[E]) {
@@ -522,10 +525,11 @@ Status make_launch(const AttnParams& p, Launch* out) {
   return Status::Ok();
 }
 
-// Workspace: [counters][o_partial][lse_partial], 256-byte aligned. The counters take the same
-// bytes for any shape (a split launch has fewer query blocks than slots): zeros left serve all.
+// Workspace: the partials of every split, O (D floats per row) and LSE (one per row), each part
+// 256-byte aligned; none without a split.
+// From 03 on, the counters come first, the same bytes for any shape: zeros left serve all.
 struct WorkspaceLayout {
-  size_t o_partial = 0, lse_partial = 0, total = 0;  // byte offsets; the counters are at 0
+  size_t o_partial = 0, lse_partial = 0, total = 0;  // byte offsets
 };
 
 WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
@@ -552,8 +556,8 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
   out->block = dim3(l.warps * kWarp);
   out->dynamic_smem_bytes = l.smem;
   out->kernel = reinterpret_cast<const void*>(l.kernel);
-  out->notes = std::to_string(l.ctas) + " CTAs over " + std::to_string(l.items) + " items, " +
-               std::to_string(l.split.num_splits) + " splits, KW=" + std::to_string(l.kw);
+  out->notes = std::to_string(l.ctas) + " CTAs, " + std::to_string(l.split.num_splits) +
+               " splits, " + std::to_string(l.kw) + " key warps";
   return Status::Ok();
 }
 
