@@ -25,7 +25,6 @@ constexpr int kBr = 8;           // warp rows per CTA without key warps, as in 0
 constexpr int kBc = kWarp;       // keys per step of the online softmax
 constexpr int kKeyWarps = 4;     // key warps per warp row, when a CTA has them
 constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
-constexpr int kMaxCtasPerSm = 32;  // the hardware's limit of resident CTAs per SM
 
 // Where the CTAs of one (batch, kv head, query block) put their partial results.
 struct SplitArgs {
@@ -343,9 +342,13 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D, k
       }
       __syncthreads();
       if (s_last) {
-        const unsigned group = static_cast<unsigned>(p.hq / p.hkv), r0 = q_block * Br * HPW;
-        const unsigned r_end = min(static_cast<unsigned>(p.sq) * group, r0 + Br * HPW);
-        for (unsigned r = r0 + warp; r < r_end; r += Br * KW) {  // warp w: rows w, w + warps, ...
+        const unsigned group = static_cast<unsigned>(p.hq / p.hkv);
+        const unsigned rows = static_cast<unsigned>(p.sq) * group;
+        const int rw = warp / KW, kw = warp % KW;  // each warp merges the rows it stored
+#pragma unroll
+        for (int t = 0; t < (HPW + KW - 1) / KW; ++t) {
+          const unsigned r = static_cast<unsigned>(q_block) * Br * HPW + rw * HPW + kw + KW * t;
+          if (kw + KW * t >= HPW || r >= rows) break;
           const int64_t h = h_kv * group + r % group, i = r / group;
           const int64_t n_rows = p.b * p.hq * p.sq, row = (b * p.hq + h) * p.sq + i;
           float o_row[D / kWarp];
@@ -399,8 +402,8 @@ Kernel select_kernel(const AttnParams& p, bool key_warps, int* br, int* hpw, int
                    : select_kernel<__nv_bfloat16, 128, kQueue>(*hpw, key_warps);
 }
 
-// How many key ranges: none unless the grid leaves an SM without a CTA; then as many as fit
-// one wave of persistent CTAs (an item's fixed costs are paid once per CTA), up to max_splits.
+// How many key ranges: none unless the grid leaves an SM without a CTA; then the count with
+// the most CTAs in one wave (an item's fixed costs are paid once per CTA), up to max_splits.
 int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits, int sms) {
   if (ctas_without_split >= sms) return 1;  // every SM has a CTA: splitting buys little
   max_splits = std::min<int64_t>(kMaxSplits, max_splits);
@@ -429,7 +432,6 @@ Status make_launch(const AttnParams& p, Launch* out) {
     c->split.q_blocks = (p.sq * (p.hq / p.hkv) + c->br * c->hpw - 1) / (c->br * c->hpw);
     ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(c->kernel), c->br * c->kw * kWarp,
                                   0, &c->ctas_per_sm));
-    c->ctas_per_sm = std::min(c->ctas_per_sm, kMaxCtasPerSm);  // as the counters assume
     c->slots = static_cast<int64_t>(c->ctas_per_sm) * device->sm_count;
     return Status::Ok();
   };
@@ -474,7 +476,7 @@ WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
   const size_t splits = l.split.num_splits > 1 ? static_cast<size_t>(l.split.num_splits) : 0;
   WorkspaceLayout w;
   w.o_partial = align(sizeof(unsigned long long) + sizeof(unsigned) +
-                      static_cast<size_t>(kMaxCtasPerSm) * l.sm_count * sizeof(int));
+                      static_cast<size_t>(l.sm_count) * sizeof(int));  // splits: blocks < SMs
   w.lse_partial = w.o_partial + align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
   w.total = w.lse_partial + align(splits * rows * sizeof(float));
   return w;
