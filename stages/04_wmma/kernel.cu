@@ -360,8 +360,8 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   }
 }
 
-// grid = min(work items, resident CTAs) CTAs of Warps warps (KW per 16-row block), looping.
-template <typename T, int D, int Warps, int KW>
+// grid = min(work items, resident CTAs), block Warps warps; with the queue each loops over items.
+template <typename T, int D, int Warps, int KW, bool kQueue>
 __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
     attention_kernel(const AttnParams p, const SplitArgs split) {
   constexpr int kRows = 16 * Warps / KW, kRowsPerWarpRow = 16, kRowsPerWarp = 16 / KW;
@@ -376,13 +376,11 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
   const unsigned n_splits = split.num_splits, n_hkv = static_cast<unsigned>(p.hkv);
   const unsigned n_q = static_cast<unsigned>(split.q_blocks), n_b = static_cast<unsigned>(p.b);
   const unsigned n_items = n_q * n_hkv * n_b * n_splits;
-  const bool queue = gridDim.x < n_items;  // else one item per CTA, and no queue
   for (unsigned item = blockIdx.x; item < n_items;) {
     // 0. Ask for the next item now: the atomic's round trip overlaps this item's work.
-    unsigned next = n_items;
-    if (queue && threadIdx.x == 0)
-      next = gridDim.x + static_cast<unsigned>(atomicAdd(split.next_item, 1ull));
-
+    const unsigned next = kQueue && threadIdx.x == 0
+                              ? gridDim.x + static_cast<unsigned>(atomicAdd(split.next_item, 1ull))
+                              : n_items;
     // 1. Decode the item: splits fastest; without a mask query blocks next (CTAs running at once
     //    share K and V tiles in L2); causal, query blocks last, the longest (latest) first.
     const int split_idx = static_cast<int>(item % n_splits);
@@ -392,7 +390,6 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
     const int64_t h_kv = p.causal ? x0 : x1, b = p.causal ? x1 : x2, q_rank = p.causal ? x2 : x0;
     const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
     attend_block<T, D, Warps, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, sm);
-
     // 2. Fused merge: the CTA whose arrival completes the block's count (a release and acquire at
     //    GPU scope between two barriers: the partials come first) merges it, resets the count.
     if (split.num_splits > 1) {
@@ -422,8 +419,7 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
         }
       }
     }
-    if (!queue) break;
-
+    if (!kQueue) break;
     // 3. The next item: a barrier publishes the fetch, a second guards s_item and shared memory.
     if (threadIdx.x == 0) s_item = next;
     __syncthreads();
@@ -431,7 +427,7 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
     __syncthreads();
   }
   // 4. The last CTA to find the queue empty resets it: every other CTA has made its last fetch.
-  if (queue && threadIdx.x == 0) {
+  if (kQueue && threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(split.exited, 1u) == gridDim.x - 1) *split.next_item = 0, *split.exited = 0;
   }
@@ -439,16 +435,18 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
 
 using Kernel = void (*)(AttnParams, SplitArgs);
 
-template <typename T, int D>
+template <typename T, int D, bool kQueue>
 Kernel select_kernel(bool small) {
-  return small ? attention_kernel<T, D, kKeyWarps, kKeyWarps>
-               : attention_kernel<T, D, large_warps(D), 1>;
+  return small ? attention_kernel<T, D, kKeyWarps, kKeyWarps, kQueue>
+               : attention_kernel<T, D, large_warps(D), 1, kQueue>;
 }
+template <bool kQueue>
 Kernel select_kernel(const AttnParams& p, bool small) {
   if (p.dtype == DType::f16)
-    return p.d == 64 ? select_kernel<__half, 64>(small) : select_kernel<__half, 128>(small);
-  return p.d == 64 ? select_kernel<__nv_bfloat16, 64>(small)
-                   : select_kernel<__nv_bfloat16, 128>(small);
+    return p.d == 64 ? select_kernel<__half, 64, kQueue>(small)
+                     : select_kernel<__half, 128, kQueue>(small);
+  return p.d == 64 ? select_kernel<__nv_bfloat16, 64, kQueue>(small)
+                   : select_kernel<__nv_bfloat16, 128, kQueue>(small);
 }
 
 // Dynamic shared memory of the kernel for p (the element type does not change it).
@@ -483,11 +481,11 @@ struct Launch {
 Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
-  auto configure = [&](bool small, Launch* c) -> Status {
+  auto configure = [&](bool small, bool queue, Launch* c) -> Status {
     c->warps = small ? kKeyWarps : large_warps(static_cast<int>(p.d));
     c->kw = small ? kKeyWarps : 1;
     c->rows = 16 * c->warps / c->kw;
-    c->kernel = select_kernel(p, small);
+    c->kernel = (queue ? select_kernel<true> : select_kernel<false>)(p, small);
     c->smem = p.d == 64 ? smem_bytes<64>(small) : smem_bytes<128>(small);
     if (c->smem > device->smem_per_block_optin)
       return Status::Error(std::string(kStageName) + " needs " + std::to_string(c->smem) +
@@ -503,8 +501,8 @@ Status make_launch(const AttnParams& p, Launch* out) {
   // The large CTA when its grid fills most of one wave (80%, as for splitting); else the small one
   // when its grid fits in one wave; else the large one (a few long items, not rounds of short).
   Launch large, small;
-  ATTN_TRY(configure(false, &large));
-  ATTN_TRY(configure(true, &small));
+  ATTN_TRY(configure(false, false, &large));
+  ATTN_TRY(configure(true, false, &small));
   const int64_t large_ctas = large.split.q_blocks * p.hkv * p.b;
   const int64_t small_ctas = small.split.q_blocks * p.hkv * p.b;
   Launch l = large_ctas * 10 >= large.slots * 8 || small_ctas > small.slots ? large : small;
@@ -519,6 +517,7 @@ Status make_launch(const AttnParams& p, Launch* out) {
   if (l.items >= kMax32 || p.sq * p.hq >= kMax32)
     return Status::Error(std::string(kStageName) + ": work items (" + std::to_string(l.items) +
                          ") and Sq * Hq (" + std::to_string(p.sq * p.hq) + ") must be under 2^31");
+  if (l.items > l.slots) ATTN_TRY(configure(l.kw > 1, true, &l));  // persistent
   l.ctas = std::min(l.items, l.slots);
   l.sm_count = device->sm_count;
   *out = l;
