@@ -200,7 +200,7 @@ __device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_strid
 // Resident CTAs per SM asked of the compiler (the register bound): with GQA packing 4 (2 or 4
 // heads per warp: a 4th CTA's loads in flight are worth more registers) or 2 (8 heads: q and O
 // alone take 128 registers); without it none, the compiler's own choice.
-// In 03 also 4 for 8 warp rows, but 3 at D = 64 with the queue's live values, and for 4 heads.
+// In 03 also 4 for 8 warp rows (3 at D = 64 with the queue's live values); 4 heads at D = 64: 3.
 constexpr int min_ctas_per_sm(int hpw, int kw, int d, bool queue) {
   return hpw == 1 ? (kw > 1 ? 0 : d == 64 && queue ? 3 : 4)
                   : hpw == 8 ? 2 : hpw == 4 && d == 64 ? 3 : 4;
