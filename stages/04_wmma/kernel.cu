@@ -27,9 +27,8 @@ namespace {
 constexpr const char* kStageName = "04_wmma";
 constexpr int kMinSm = 80;
 constexpr int kBc = 64;          // keys per K/V tile: one step of the online softmax
-constexpr int kKeyWarps = 4;     // key warps of the small CTA, all on the same 16 rows
+constexpr int kKeyWarps = 4;     // key warps per warp row, when a CTA has them
 constexpr int kMaxSplits = 128;  // cap: beyond this the merge costs more than the parallelism buys
-constexpr int kMaxCtasPerSm = 32;  // the hardware's limit of resident CTAs per SM
 constexpr int kMinTilesPerSplit = 4;  // a split must pay for its Q block and its share of the merge
 constexpr int kPad = 8;   // elements of padding per 16-bit row: 16 bytes, 4 banks
 constexpr int kPadF = 4;  // the same 16 bytes for fp32 rows
@@ -436,30 +435,29 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
 using Kernel = void (*)(AttnParams, SplitArgs);
 
 template <typename T, int D, bool kQueue>
-Kernel select_kernel(bool small) {
-  return small ? attention_kernel<T, D, kKeyWarps, kKeyWarps, kQueue>
+Kernel select_kernel(bool key_warps) {
+  return key_warps ? attention_kernel<T, D, kKeyWarps, kKeyWarps, kQueue>
                : attention_kernel<T, D, large_warps(D), 1, kQueue>;
 }
 template <bool kQueue>
-Kernel select_kernel(const AttnParams& p, bool small) {
+Kernel select_kernel(const AttnParams& p, bool key_warps) {
   if (p.dtype == DType::f16)
-    return p.d == 64 ? select_kernel<__half, 64, kQueue>(small)
-                     : select_kernel<__half, 128, kQueue>(small);
-  return p.d == 64 ? select_kernel<__nv_bfloat16, 64, kQueue>(small)
-                   : select_kernel<__nv_bfloat16, 128, kQueue>(small);
+    return p.d == 64 ? select_kernel<__half, 64, kQueue>(key_warps)
+                     : select_kernel<__half, 128, kQueue>(key_warps);
+  return p.d == 64 ? select_kernel<__nv_bfloat16, 64, kQueue>(key_warps)
+                   : select_kernel<__nv_bfloat16, 128, kQueue>(key_warps);
 }
 
-// Dynamic shared memory of the kernel for p (the element type does not change it).
 template <int D>
-size_t smem_bytes(bool small) {
-  return small ? sizeof(Smem<__half, D, kKeyWarps, kKeyWarps>)
+size_t smem_bytes(bool key_warps) {  // dynamic shared memory per CTA, for either element type
+  return key_warps ? sizeof(Smem<__half, D, kKeyWarps, kKeyWarps>)
                : sizeof(Smem<__half, D, large_warps(D), 1>);
 }
 
-// How many key ranges: none unless the grid would leave the GPU part-empty; then as many as fit
-// one wave of persistent CTAs (an item's fixed costs are paid once per CTA), up to max_splits.
-int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits) {
-  if (ctas_without_split * 10 >= slots * 8) return 1;  // >= 80% of one wave: splitting buys little
+// How many key ranges: none unless the grid leaves an SM without a CTA; then the count with
+// the most CTAs in one wave (an item's fixed costs are paid once per CTA), up to max_splits.
+int choose_num_splits(int64_t ctas_without_split, int64_t slots, int64_t max_splits, int sms) {
+  if (ctas_without_split >= sms) return 1;  // every SM has a CTA: splitting buys little
   max_splits = std::min<int64_t>(kMaxSplits, max_splits);
   return static_cast<int>(std::max<int64_t>(1, std::min(max_splits, slots / ctas_without_split)));
 }
@@ -481,12 +479,12 @@ struct Launch {
 Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
-  auto configure = [&](bool small, bool queue, Launch* c) -> Status {
-    c->warps = small ? kKeyWarps : large_warps(static_cast<int>(p.d));
-    c->kw = small ? kKeyWarps : 1;
+  auto configure = [&](bool key_warps, bool queue, Launch* c) -> Status {
+    c->warps = key_warps ? kKeyWarps : large_warps(static_cast<int>(p.d));
+    c->kw = key_warps ? kKeyWarps : 1;
     c->rows = 16 * c->warps / c->kw;
-    c->kernel = (queue ? select_kernel<true> : select_kernel<false>)(p, small);
-    c->smem = p.d == 64 ? smem_bytes<64>(small) : smem_bytes<128>(small);
+    c->kernel = (queue ? select_kernel<true> : select_kernel<false>)(p, key_warps);
+    c->smem = p.d == 64 ? smem_bytes<64>(key_warps) : smem_bytes<128>(key_warps);
     if (c->smem > device->smem_per_block_optin)
       return Status::Error(std::string(kStageName) + " needs " + std::to_string(c->smem) +
                            " bytes of shared memory per CTA, the device allows " +
@@ -494,22 +492,22 @@ Status make_launch(const AttnParams& p, Launch* out) {
     c->split.q_blocks = (p.sq * (p.hq / p.hkv) + c->rows - 1) / c->rows;
     ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(c->kernel), c->warps * kWarp,
                                   c->smem, &c->ctas_per_sm));
-    c->ctas_per_sm = std::min(c->ctas_per_sm, kMaxCtasPerSm);  // as the counters assume
     c->slots = static_cast<int64_t>(c->ctas_per_sm) * device->sm_count;
     return Status::Ok();
   };
-  // The large CTA when its grid fills most of one wave (80%, as for splitting); else the small one
-  // when its grid fits in one wave; else the large one (a few long items, not rounds of short).
-  Launch large, small;
-  ATTN_TRY(configure(false, false, &large));
-  ATTN_TRY(configure(true, false, &small));
-  const int64_t large_ctas = large.split.q_blocks * p.hkv * p.b;
-  const int64_t small_ctas = small.split.q_blocks * p.hkv * p.b;
-  Launch l = large_ctas * 10 >= large.slots * 8 || small_ctas > small.slots ? large : small;
+  // The large CTA; when it leaves an SM without a CTA, the small CTA of 4 key warps on 16 rows
+  // (8x or 16x the CTAs), if all of them fit on the GPU at once.
+  Launch l;
+  ATTN_TRY(configure(false, false, &l));
+  if (l.split.q_blocks * p.hkv * p.b < device->sm_count) {
+    Launch key_warps;
+    ATTN_TRY(configure(true, false, &key_warps));
+    if (key_warps.split.q_blocks * p.hkv * p.b <= key_warps.slots) l = key_warps;
+  }
   // At most kv_tiles / kMinTilesPerSplit splits, of whole tiles, recounted: none is empty.
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc, unsplit = l.split.q_blocks * p.hkv * p.b;
-  const int splits =
-      choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, kv_tiles / kMinTilesPerSplit));
+  const int splits = choose_num_splits(
+      unsplit, l.slots, std::max<int64_t>(1, kv_tiles / kMinTilesPerSplit), device->sm_count);
   l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
   l.split.num_splits = static_cast<int>((p.sk - 1) / l.split.keys_per_split + 1);
   l.items = unsplit * l.split.num_splits;
@@ -537,7 +535,7 @@ WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
   const size_t splits = l.split.num_splits > 1 ? static_cast<size_t>(l.split.num_splits) : 0;
   WorkspaceLayout w;
   w.o_partial = align(sizeof(unsigned long long) + sizeof(unsigned) +
-                      static_cast<size_t>(kMaxCtasPerSm) * l.sm_count * sizeof(int));
+                      static_cast<size_t>(l.sm_count) * sizeof(int));  // splits: blocks < SMs
   w.lse_partial = w.o_partial + align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
   w.total = w.lse_partial + align(splits * rows * sizeof(float));
   return w;
