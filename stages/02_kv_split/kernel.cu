@@ -421,10 +421,11 @@ Status make_launch(const AttnParams& p, Launch* out) {
     if (key_warps.split.q_blocks * p.hkv * p.b <= key_warps.slots) l = key_warps;
   }
   // At most kv_tiles / KW splits (a tile for every key warp), of whole tiles, recounted so that
-  // no split is empty by construction.
+  // no split is empty by construction. Only CTAs with key warps split: a grid of 8-row CTAs that
+  // small has taken key warps above, unless they did not fit in one wave.
   const int64_t kv_tiles = (p.sk + kBc - 1) / kBc, unsplit = l.split.q_blocks * p.hkv * p.b;
-  const int splits = choose_num_splits(unsplit, l.slots, std::max<int64_t>(1, kv_tiles / l.kw),
-                                       device->sm_count);
+  const int64_t max_splits = l.kw > 1 ? std::max<int64_t>(1, kv_tiles / l.kw) : 1;
+  const int splits = choose_num_splits(unsplit, l.slots, max_splits, device->sm_count);
   l.split.keys_per_split = (kv_tiles + splits - 1) / splits * kBc;
   l.split.num_splits = static_cast<int>((p.sk - 1) / l.split.keys_per_split + 1);
   l.items = unsplit * l.split.num_splits;
