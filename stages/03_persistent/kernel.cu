@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D, k
     attend_block<T, D, Br, HPW, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, sm);
     // 2. Fused merge: the CTA whose arrival completes the block's count (a release and acquire at
     //    GPU scope between two barriers: the partials come first) merges it, resets the count.
-    if (KW > 1 && split.num_splits > 1) {  // 8-row kernels: never split, built without
+    if (KW > 1 && split.num_splits > 1) {  // 8-row CTAs never split: no merge compiled
       __syncthreads();
       if (threadIdx.x == 0) {
         cuda::atomic_ref<int, cuda::thread_scope_device> arrival(
