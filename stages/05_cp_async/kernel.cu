@@ -442,7 +442,7 @@ using Kernel = void (*)(AttnParams, SplitArgs);
 template <typename T, int D, bool kQueue>
 Kernel select_kernel(bool key_warps) {
   return key_warps ? attention_kernel<T, D, kKeyWarps, kKeyWarps, kQueue>
-               : attention_kernel<T, D, large_warps(D), 1, kQueue>;
+                   : attention_kernel<T, D, large_warps(D), 1, kQueue>;
 }
 template <bool kQueue>
 Kernel select_kernel(const AttnParams& p, bool key_warps) {
@@ -456,7 +456,7 @@ Kernel select_kernel(const AttnParams& p, bool key_warps) {
 template <int D>
 size_t smem_bytes(bool key_warps) {  // dynamic shared memory per CTA, for either element type
   return key_warps ? sizeof(Smem<__half, D, kKeyWarps, kKeyWarps>)
-               : sizeof(Smem<__half, D, large_warps(D), 1>);
+                   : sizeof(Smem<__half, D, large_warps(D), 1>);
 }
 
 // How many key ranges: none unless the grid leaves an SM without a CTA; then the count with
