@@ -301,8 +301,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], flo
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float e = pick(pick(ext[h][0], ext[h][1]), pick(ext[h][2], ext[h][3]));
-    e = pick(e, __shfl_xor_sync(0xffffffffu, e, 1));
-    e = pick(e, __shfl_xor_sync(0xffffffffu, e, 2));
+    e = pick(e, __shfl_xor_sync(kFullMask, e, 1));
+    e = pick(e, __shfl_xor_sync(kFullMask, e, 2));
     const bool move = e * scale > m[h] + kLazy;  // false while the row has seen no key
     const float m_new = move ? e * scale : m[h];
     const float m_safe = m_new == -INFINITY ? 0.0f : m_new;
@@ -411,7 +411,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
       // serialise every product (C7518).
       const bool eligible = !kPInS && active && t > 0 && !masked;  // the same in the warpgroup
       const bool stale =
-          eligible && __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
+          eligible && __all_sync(kFullMask, m[0] != -INFINITY && m[1] != -INFINITY);
       float tot[2];
       const bool over = stale && stale_softmax(s, m, scale, tot);
       const bool again = eligible && named_barrier_any(2 + cw, kWarpGroup, over);
@@ -439,7 +439,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w, Smem
             online_softmax<decltype(positive)::value>(s, m, l, alpha, limit, masked, quad_col,
                                                       scale);
             // Rescale O (not needed while no row of the warp finds a larger max).
-            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+            if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
               for (int j = 0; j < kO; ++j) o[j] *= alpha[(j >> 1) & 1];
             }
@@ -560,7 +560,7 @@ __global__ void __launch_bounds__(Tile<D, C>::kThreads, 1)
   // Dynamic shared memory is only 16-byte aligned; the swizzled tiles need 1024.
   Smem<D, C>& sm = *reinterpret_cast<Smem<D, C>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                                   ~uintptr_t{1023});
-  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWarp, 0);
+  const int warp = __shfl_sync(kFullMask, static_cast<int>(threadIdx.x) / kWarp, 0);
   const int lane = threadIdx.x % kWarp;
   if (threadIdx.x == 0) {
     // The tensor maps' first use would fetch them from memory: start that now.

@@ -342,8 +342,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[N], float (&m)[2], flo
 #pragma unroll
   for (int h = 0; h < kRows; ++h) {
     float e = pick(pick(ext[h][0], ext[h][1]), pick(ext[h][2], ext[h][3]));
-    e = pick(e, __shfl_xor_sync(0xffffffffu, e, 1));
-    e = pick(e, __shfl_xor_sync(0xffffffffu, e, 2));
+    e = pick(e, __shfl_xor_sync(kFullMask, e, 1));
+    e = pick(e, __shfl_xor_sync(kFullMask, e, 2));
     const bool move = e * scale > m[h] + kLazy;  // false while the row has seen no key
     const float m_new = move ? e * scale : m[h];
     const float m_safe = m_new == -INFINITY ? 0.0f : m_new;
@@ -484,7 +484,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
       // softmax returns true instead and the loop issues S(t) again from its one issue site: a
       // second site there makes ptxas serialise every product (C7514).
       const bool eligible = !retry && t > 0 && t < n_unmasked;  // the same in the warpgroup
-      const bool stale = eligible && __all_sync(0xffffffffu, m[0] != -INFINITY &&
+      const bool stale = eligible && __all_sync(kFullMask, m[0] != -INFINITY &&
                                                                  (kHalf || m[1] != -INFINITY));
       float tot[2];
       const bool over = stale && stale_softmax<kHalf>(s, m, scale, tot);
@@ -518,7 +518,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
     };
     // After P.V has landed (or before the first): rescale O, round P(t) from S(t).
     auto next_p = [&](const float(&alpha)[2]) {
-      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+      if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
         for (int j = 0; j < kO; ++j) o[j] *= alpha[(j >> 1) & 1];
       }
@@ -722,7 +722,7 @@ __global__ void __launch_bounds__(Tile<D, C, R>::kThreads, 1)
   // Dynamic shared memory is only 16-byte aligned; the swizzled tiles need 1024.
   Smem<D, C, R>& sm = *reinterpret_cast<Smem<D, C, R>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWarp, 0);
+  const int warp = __shfl_sync(kFullMask, static_cast<int>(threadIdx.x) / kWarp, 0);
   const int lane = threadIdx.x % kWarp;
   if (threadIdx.x == 0) {
     // The tensor maps' first use would fetch them from memory: start that now.
