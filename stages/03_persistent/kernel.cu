@@ -264,11 +264,10 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
                             *reinterpret_cast<float(*)[HPW][D]>(sm.o[kw][rw * HPW]),
                             *reinterpret_cast<float(*)[HPW]>(&sm.row_lse[kw][rw * HPW]));
   // A warp stores rows it computed; with key warps, rows hold parts from every warp of the CTA.
-  if constexpr (KW == 1) __syncwarp();
-  else __syncthreads();
+  KW == 1 ? __syncwarp() : __syncthreads();
 
   // Merge the key warps' parts of each row by their LSEs, as splits are merged, and store it.
-  // Warp (rw, kw) takes rows kw, kw + KW, ... of its warp row, all merged first, then stored.
+  // Warp (rw, kw) merges rows kw, kw + KW, ... of its warp row (KW = 1: copies), then stores.
   constexpr int kRowsPerWarp = (kRowsPerWarpRow + KW - 1) / KW;
   float o_row[kRowsPerWarp][E], lse[kRowsPerWarp];
 #pragma unroll
@@ -284,7 +283,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
     for (int e = 0; e < E; ++e) o_row[t][e] = 0.0f;
 #pragma unroll
     for (int w = 0; w < KW; ++w) {
-      const float weight = expf(lse_w[w] - shift);  // 0 for a warp that saw no key
+      const float weight = KW == 1 ? 1.0f : expf(lse_w[w] - shift);  // 0: a warp with no key
       sum_w += weight;
 #pragma unroll
       for (int e = 0; e < E; ++e) o_row[t][e] += weight * sm.o[w][rr][lane * E + e];
@@ -292,7 +291,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
     const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) o_row[t][e] *= inv;
-    lse[t] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+    lse[t] = KW == 1 ? lse_w[0] : sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
   }
 #pragma unroll
   for (int t = 0; t < kRowsPerWarp; ++t) {

@@ -64,8 +64,7 @@ struct Smem {
   float row_lse[KW][kRows];         // [KW][rows]: their LSEs
 };
 
-// 04's load_tile with cp.async: nothing waits here. A null src_row(r) zero-fills row r (zeros keep
-// P.V finite; a zero-fill reads nothing, from a valid address: any_valid).
+// 04's load_tile by cp.async (nothing waits); a null src_row(r) zero-fills row r from any_valid.
 template <int Threads, typename T, int D, int Rows, typename RowFn>
 __device__ __forceinline__ void load_tile_async(T (&tile)[Rows][D + kPad], const T* any_valid,
                                                 RowFn src_row) {
@@ -209,7 +208,8 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   cp_async_commit();
   cp_async_wait<1>();
   __syncthreads();
-  const bool warp_active = row0 + rw * 16 < rows;  // warp-uniform: skip blocks of padding rows
+  // Warp-uniform: past its last row's end a tile's products would change nothing (the mask).
+  const int64_t warp_end = row_end(min(row0 + rw * 16 + 15, rows - 1));
   FragA<T> q_frag[D / 16];
   FragAcc o_frag[D / 16];
 #pragma unroll
@@ -232,12 +232,13 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    if (warp_active) {
+    if (kv_tile + key0 < warp_end) {
       // 2. S = Q.K^T for this warp's 16 rows and keys, in kKeyFrags accumulator fragments.
       FragAcc s_frag[kKeyFrags];
 #pragma unroll
       for (int n = 0; n < kKeyFrags; ++n) {
         wmma::fill_fragment(s_frag[n], 0.0f);
+        if (kMasked && kv_tile + key0 + n * 16 >= warp_end) continue;  // all masked below
 #pragma unroll
         for (int d = 0; d < D / 16; ++d) {
           FragBt<T> kt_frag;
@@ -286,6 +287,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
           for (int e = 0; e < 8; ++e) o_frag[d].x[e] *= alpha[half_of(e)];
 #pragma unroll
       for (int kk = 0; kk < kKeyFrags; ++kk) {
+        if (kMasked && kv_tile + key0 + kk * 16 >= warp_end) continue;  // P = 0
         FragA<T> p_frag;
 #pragma unroll
         for (int e = 0; e < p_frag.num_elements; ++e)
@@ -326,16 +328,14 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
     wmma::store_matrix_sync(&sm.o[kw][rw * 16][d * 16], o_frag[d], D + kPadF, wmma::mem_row_major);
   }
   // A warp stores rows it computed; with key warps, rows hold parts from every warp of the CTA.
-  if constexpr (KW == 1) __syncwarp();
-  else __syncthreads();
+  KW == 1 ? __syncwarp() : __syncthreads();
 
   // Merge the key warps' parts of each row by their LSEs, as splits are merged, and store it.
-  // Warp (rw, kw) takes rows kw, kw + KW, ... of its warp row, all merged first, then stored.
+  // Warp (rw, kw) merges rows kw, kw + KW, ... of its warp row (KW = 1: copies), then stores.
   constexpr int kRowsPerWarp = (kRowsPerWarpRow + KW - 1) / KW;
   float o_row[kRowsPerWarp][E], lse[kRowsPerWarp];
 #pragma unroll
   for (int t = 0; t < kRowsPerWarp; ++t) {
-    if (kw + KW * t >= kRowsPerWarpRow) break;  // a warp row with fewer rows than key warps
     const int rr = rw * kRowsPerWarpRow + kw + KW * t;
     float lse_w[KW], m_all = -INFINITY;
 #pragma unroll
@@ -346,7 +346,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
     for (int e = 0; e < E; ++e) o_row[t][e] = 0.0f;
 #pragma unroll
     for (int w = 0; w < KW; ++w) {
-      const float weight = expf(lse_w[w] - shift);  // 0 for a warp that saw no key
+      const float weight = KW == 1 ? 1.0f : expf(lse_w[w] - shift);  // 0: a warp with no key
       sum_w += weight;
 #pragma unroll
       for (int e = 0; e < E; ++e) o_row[t][e] += weight * sm.o[w][rr][lane * E + e];
@@ -354,7 +354,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
     const float inv = sum_w > 0.0f ? 1.0f / sum_w : 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) o_row[t][e] *= inv;
-    lse[t] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
+    lse[t] = KW == 1 ? lse_w[0] : sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
   }
 #pragma unroll
   for (int t = 0; t < kRowsPerWarp; ++t) {
