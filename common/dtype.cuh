@@ -63,7 +63,8 @@ __device__ __forceinline__ void load_as_float(const T* src, float (&dst)[N]) {
   unpack_to_float<T>(load_pack<N>(src), dst);
 }
 
-/// Round N fp32 values to T and store them at @p dst (aligned to 2*N bytes) in one access.
+/// Round N fp32 values to T and store them at @p dst (aligned to 2*N bytes), written as one pack;
+/// nvcc may still emit one 16-bit store per element (it does in 01-05's epilogues).
 template <int N, typename T>
 __device__ __forceinline__ void store_from_float(T* dst, const float (&src)[N]) {
   Pack<N> pack;
