@@ -201,7 +201,7 @@ TEST_CASE("padded strides, custom scales (one negative) and a missing LSE output
 TEST_CASE("one workspace serves launch after launch, of any shape, with no memset between them") {
   // Stages 03+ keep a work queue and per-block arrival counters in the workspace and must leave
   // them at zero; a counter left over would skip work items or merge too early. Decode (many
-  // splits: arrival counters) and grids larger than one wave (the queue) alternate: one of 8-row
+  // splits: arrival counters) and causal grids over one wave (the queue) alternate: one of 8-row
   // CTAs and, for stage 03, one of key-warp CTAs (32 heads of 128 rows: sweep_bh32).
   ProblemShape split_heavy, queued, queued_key_warps;
   split_heavy.b = 2, split_heavy.hq = 32, split_heavy.hkv = 8, split_heavy.sq = 1, split_heavy.sk = reduced() ? 5000 : 20000;

@@ -1,10 +1,10 @@
 // Fast attention, one idea at a time:
 //   01 naive -> 02 kv_split -> 03 persistent -> 04 wmma -> 05 cp_async -> 06 warp_specialized
 //
-// Stage 03 extends 02 with persistent CTAs: as many as fit on the GPU at once, each taking work
-// items from a queue (an atomic counter), causal query blocks longest first. Splits stop at one
-// wave, and the merge is fused: the CTA that finishes a query block's last split merges it. Each
-// launch leaves its counters in the workspace at zero, so none needs a memset.
+// Stage 03 extends 02 with persistent CTAs: for the causal mask's uneven items, as many as fit at
+// once, each taking items from a queue (an atomic counter), the longest query blocks first. Splits
+// stop at one wave, and the merge is fused: the CTA that finishes a query block's last split merges
+// it. Each launch leaves its counters in the workspace at zero, so none needs a memset.
 // What every stage computes: docs/contract.md. Why this stage: notebooks_md/03_persistent.md.
 #include <algorithm>
 #include <cmath>
@@ -301,7 +301,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   }
 }
 
-// grid = min(work items, resident CTAs), block Br * KW warps; with the queue each loops over items.
+// grid = work items (the queue: at most resident CTAs), block Br * KW warps; the queue loops.
 template <typename T, int D, int Br, int HPW, int KW, bool kQueue>
 __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D, kQueue))
     attention_kernel(const AttnParams p, const SplitArgs split) {
@@ -417,7 +417,7 @@ struct Launch {
   int64_t slots = 0;       // ctas_per_sm * SMs
   SplitArgs split;         // num_splits, keys_per_split, q_blocks (pointers filled at launch)
   int64_t items = 0;       // work items: q_blocks * Hkv * B * num_splits
-  int64_t ctas = 0;        // persistent CTAs: min(items, slots)
+  int64_t ctas = 0;        // CTAs: items; causal, at most slots (persistent)
   int sm_count = 0;        // SMs of the device (sizes the counters in the workspace)
   Kernel kernel = nullptr;
 };
@@ -456,8 +456,8 @@ Status make_launch(const AttnParams& p, Launch* out) {
   if (l.items >= kMax32 || p.sq * p.hq >= kMax32)
     return Status::Error(std::string(kStageName) + ": work items (" + std::to_string(l.items) +
                          ") and Sq * Hq (" + std::to_string(p.sq * p.hq) + ") must be under 2^31");
-  if (l.items > l.slots) ATTN_TRY(configure(l.hpw == 1 && l.kw > 1, true, &l));  // persistent
-  l.ctas = std::min(l.items, l.slots);
+  if (l.items > l.slots && p.causal) ATTN_TRY(configure(l.hpw == 1 && l.kw > 1, true, &l));
+  l.ctas = p.causal ? std::min(l.items, l.slots) : l.items;  // even items: the GPU's own queue
   l.sm_count = device->sm_count;
   *out = l;
   return Status::Ok();
@@ -524,7 +524,7 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
 StageInfo stage_03_persistent() {
   StageInfo s;
   s.name = kStageName;
-  s.description = "persistent CTAs pull work items from a queue, longest first; merge fused";
+  s.description = "causal: persistent CTAs pull items from a queue, longest first; merge fused";
   s.min_sm = kMinSm;
   s.launch = launch;
   s.plan = plan;

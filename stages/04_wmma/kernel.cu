@@ -360,7 +360,7 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   }
 }
 
-// grid = min(work items, resident CTAs), block Warps warps; with the queue each loops over items.
+// grid = work items (the queue: at most resident CTAs), block Warps warps; the queue loops.
 template <typename T, int D, int Warps, int KW, bool kQueue>
 __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
     attention_kernel(const AttnParams p, const SplitArgs split) {
@@ -472,7 +472,7 @@ struct Launch {
   int64_t slots = 0;       // ctas_per_sm * SMs
   SplitArgs split;         // num_splits, keys_per_split, q_blocks (pointers filled at launch)
   int64_t items = 0;       // work items: q_blocks * Hkv * B * num_splits
-  int64_t ctas = 0;        // persistent CTAs: min(items, slots)
+  int64_t ctas = 0;        // CTAs: items; causal, at most slots (persistent)
   int sm_count = 0;        // SMs of the device (sizes the counters in the workspace)
   Kernel kernel = nullptr;
 };
@@ -516,8 +516,8 @@ Status make_launch(const AttnParams& p, Launch* out) {
   if (l.items >= kMax32 || p.sq * p.hq >= kMax32)
     return Status::Error(std::string(kStageName) + ": work items (" + std::to_string(l.items) +
                          ") and Sq * Hq (" + std::to_string(p.sq * p.hq) + ") must be under 2^31");
-  if (l.items > l.slots) ATTN_TRY(configure(l.kw > 1, true, &l));  // persistent
-  l.ctas = std::min(l.items, l.slots);
+  if (l.items > l.slots && p.causal) ATTN_TRY(configure(l.kw > 1, true, &l));
+  l.ctas = p.causal ? std::min(l.items, l.slots) : l.items;  // even items: the GPU's own queue
   l.sm_count = device->sm_count;
   *out = l;
   return Status::Ok();
