@@ -436,25 +436,16 @@ Status make_launch(const AttnParams& p, Launch* out) {
   return Status::Ok();
 }
 
-// Workspace: the partials of every split, O (D floats per row) and LSE (one per row), each part
-// 256-byte aligned; none without a split.
-struct WorkspaceLayout {
-  size_t o_partial = 0, lse_partial = 0, total = 0;  // byte offsets
-};
-
-WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
-  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
-  const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
-  const size_t splits = l.split.num_splits > 1 ? static_cast<size_t>(l.split.num_splits) : 0;
-  WorkspaceLayout w;
-  w.lse_partial = w.o_partial + align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
-  w.total = w.lse_partial + align(splits * rows * sizeof(float));
-  return w;
+// Workspace: every split's partial O ([num_splits][B*Hq*Sq][D] fp32), then their LSEs
+// ([num_splits][B*Hq*Sq]); none without a split.
+size_t layout_bytes(const AttnParams& p, const Launch& l) {
+  const int64_t parts = l.split.num_splits > 1 ? l.split.num_splits * p.b * p.hq * p.sq : 0;
+  return static_cast<size_t>(parts * (p.d + 1)) * sizeof(float);
 }
 
 size_t workspace_bytes(const AttnParams& p) {
   Launch l;
-  return make_launch(p, &l).ok() ? layout_for(p, l).total : 0;
+  return make_launch(p, &l).ok() ? layout_bytes(p, l) : 0;
 }
 
 Status plan(const AttnParams& p, LaunchPlan* out) {
@@ -473,19 +464,17 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, 0));  // parameters and GPU, before the plan
   Launch l;
   ATTN_TRY(make_launch(p, &l));
-  const WorkspaceLayout w = layout_for(p, l);
-  ATTN_TRY(check_workspace(kStageName, ws, w.total));
+  ATTN_TRY(check_workspace(kStageName, ws, layout_bytes(p, l)));
   AttnParams kp = p;
   // Scores in log2 units: exp(x) = exp2(x * log2(e)), and exp2f is one MUFU.EX2 instruction.
   kp.scale = effective_scale(p) * kLog2e;
   char* base = static_cast<char*>(ws.ptr);
   SplitArgs split = l.split;
-  split.o_partial = reinterpret_cast<float*>(base + w.o_partial);
-  split.lse_partial = reinterpret_cast<float*>(base + w.lse_partial);
+  split.o_partial = reinterpret_cast<float*>(base);
+  split.lse_partial = split.o_partial + split.num_splits * p.b * p.hq * p.sq * p.d;
   l.kernel<<<static_cast<unsigned>(l.items), l.br * l.kw * kWarp, 0, stream>>>(kp, split);
-  const unsigned rows = static_cast<unsigned>(p.b * p.hq * p.sq);
-  if (split.num_splits > 1)
-    select_combine(p)<<<rows, kCombineWarps * kWarp, 0, stream>>>(kp, split);
+  if (split.num_splits > 1)  // the merge: a CTA per output row
+    select_combine(p)<<<unsigned(p.b * p.hq * p.sq), kCombineWarps * kWarp, 0, stream>>>(kp, split);
   return check_launch(kStageName);
 }
 

@@ -365,14 +365,13 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
 }
 
 // grid = work items (the queue: at most resident CTAs), block Warps warps; the queue loops.
-template <typename T, int D, int Warps, int KW, bool kQueue>
+template <typename T, int D, int Warps, int KW, bool kQueue, bool kMerge>
 __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
     attention_kernel(const AttnParams p, const SplitArgs split) {
   constexpr int kRows = 16 * Warps / KW, kRowsPerWarpRow = 16, kRowsPerWarp = 16 / KW;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem<T, D, Warps, KW>& sm = *reinterpret_cast<Smem<T, D, Warps, KW>*>(smem_raw);
-  __shared__ unsigned s_item;
-  __shared__ bool s_last;
+  __shared__ unsigned s_item, s_last;  // the next item; whether this CTA merges its block
   // The warp index, broadcast from lane 0 so that the compiler knows it is warp-uniform (see 01).
   const int warp = __shfl_sync(kFullMask, static_cast<int>(threadIdx.x / kWarp), 0);
   const int lane = threadIdx.x % kWarp;
@@ -396,7 +395,7 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
     attend_block<T, D, Warps, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, sm);
     // 2. Fused merge: the CTA whose arrival completes the block's count (a release and acquire at
     //    GPU scope between two barriers: the partials come first) merges it, resets the count.
-    if (split.num_splits > 1) {
+    if (kMerge && split.num_splits > 1) {  // compiled only into the builds of launches that split
       __syncthreads();
       if (threadIdx.x == 0) {
         cuda::atomic_ref<int, cuda::thread_scope_device> arrival(
@@ -439,18 +438,18 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
 
 using Kernel = void (*)(AttnParams, SplitArgs);
 
-template <typename T, int D, bool kQueue>
+template <typename T, int D, bool kQueue, bool kMerge>
 Kernel select_kernel(bool key_warps) {
-  return key_warps ? attention_kernel<T, D, kKeyWarps, kKeyWarps, kQueue>
-                   : attention_kernel<T, D, large_warps(D), 1, kQueue>;
+  return key_warps ? attention_kernel<T, D, kKeyWarps, kKeyWarps, kQueue, kMerge>
+                   : attention_kernel<T, D, large_warps(D), 1, kQueue, kMerge>;
 }
-template <bool kQueue>
+template <bool kQueue, bool kMerge>
 Kernel select_kernel(const AttnParams& p, bool key_warps) {
   if (p.dtype == DType::f16)
-    return p.d == 64 ? select_kernel<__half, 64, kQueue>(key_warps)
-                     : select_kernel<__half, 128, kQueue>(key_warps);
-  return p.d == 64 ? select_kernel<__nv_bfloat16, 64, kQueue>(key_warps)
-                   : select_kernel<__nv_bfloat16, 128, kQueue>(key_warps);
+    return p.d == 64 ? select_kernel<__half, 64, kQueue, kMerge>(key_warps)
+                     : select_kernel<__half, 128, kQueue, kMerge>(key_warps);
+  return p.d == 64 ? select_kernel<__nv_bfloat16, 64, kQueue, kMerge>(key_warps)
+                   : select_kernel<__nv_bfloat16, 128, kQueue, kMerge>(key_warps);
 }
 
 template <int D>
@@ -477,18 +476,19 @@ struct Launch {
   SplitArgs split;         // num_splits, keys_per_split, q_blocks (pointers filled at launch)
   int64_t items = 0;       // work items: q_blocks * Hkv * B * num_splits
   int64_t ctas = 0;        // CTAs: items; causal, at most slots (persistent)
-  int sm_count = 0;        // SMs of the device (sizes the counters in the workspace)
+  size_t counters = 0;     // next_item, exited, arrivals[< SMs]: the workspace's first bytes
   Kernel kernel = nullptr;
 };
 
 Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
-  auto configure = [&](bool key_warps, bool queue, Launch* c) -> Status {
+  auto configure = [&](bool key_warps, bool queue, bool merge, Launch* c) -> Status {
     c->warps = key_warps ? kKeyWarps : large_warps(static_cast<int>(p.d));
     c->kw = key_warps ? kKeyWarps : 1;
     c->rows = 16 * c->warps / c->kw;
-    c->kernel = (queue ? select_kernel<true> : select_kernel<false>)(p, key_warps);
+    c->kernel = (queue ? select_kernel<true, false> : merge ? select_kernel<false, true>
+                       : select_kernel<false, false>)(p, key_warps);
     c->smem = p.d == 64 ? smem_bytes<64>(key_warps) : smem_bytes<128>(key_warps);
     if (c->smem > device->smem_per_block_optin)
       return Status::Error(std::string(kStageName) + " needs " + std::to_string(c->smem) +
@@ -503,10 +503,10 @@ Status make_launch(const AttnParams& p, Launch* out) {
   // The large CTA; when it leaves an SM without a CTA, the small CTA of 4 key warps on 16 rows
   // (8x or 16x the CTAs), if all of them fit on the GPU at once.
   Launch l;
-  ATTN_TRY(configure(false, false, &l));
+  ATTN_TRY(configure(false, false, true, &l));
   if (l.split.q_blocks * p.hkv * p.b < device->sm_count) {
     Launch key_warps;
-    ATTN_TRY(configure(true, false, &key_warps));
+    ATTN_TRY(configure(true, false, true, &key_warps));
     if (key_warps.split.q_blocks * p.hkv * p.b <= key_warps.slots) l = key_warps;
   }
   // At most kv_tiles / kMinTilesPerSplit splits, of whole tiles, recounted: none is empty.
@@ -520,35 +520,24 @@ Status make_launch(const AttnParams& p, Launch* out) {
   if (l.items >= kMax32 || p.sq * p.hq >= kMax32)
     return Status::Error(std::string(kStageName) + ": work items (" + std::to_string(l.items) +
                          ") and Sq * Hq (" + std::to_string(p.sq * p.hq) + ") must be under 2^31");
-  if (l.items > l.slots && p.causal) ATTN_TRY(configure(l.kw > 1, true, &l));
-  l.ctas = p.causal ? std::min(l.items, l.slots) : l.items;  // even items: the GPU's own queue
-  l.sm_count = device->sm_count;
+  const bool queue = l.items > l.slots && p.causal;  // never with splits: they fit one wave
+  if (queue || l.items == unsplit) ATTN_TRY(configure(l.kw > 1, queue, false, &l));
+  l.ctas = queue ? std::min(l.items, l.slots) : l.items;  // even items: the GPU's own queue
+  l.counters = (12 + 4 * static_cast<size_t>(device->sm_count) + 255) / 256 * 256;  // any shape
   *out = l;
   return Status::Ok();
 }
 
-// Workspace: the partials of every split, O (D floats per row) and LSE (one per row), each part
-// 256-byte aligned; none without a split.
-// From 03 on, the counters come first, the same bytes for any shape: zeros left serve all.
-struct WorkspaceLayout {
-  size_t o_partial = 0, lse_partial = 0, total = 0;  // byte offsets
-};
-
-WorkspaceLayout layout_for(const AttnParams& p, const Launch& l) {
-  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
-  const size_t rows = static_cast<size_t>(p.b * p.hq * p.sq);
-  const size_t splits = l.split.num_splits > 1 ? static_cast<size_t>(l.split.num_splits) : 0;
-  WorkspaceLayout w;
-  w.o_partial = align(sizeof(unsigned long long) + sizeof(unsigned) +
-                      static_cast<size_t>(l.sm_count) * sizeof(int));  // splits: blocks < SMs
-  w.lse_partial = w.o_partial + align(splits * rows * static_cast<size_t>(p.d) * sizeof(float));
-  w.total = w.lse_partial + align(splits * rows * sizeof(float));
-  return w;
+// Workspace: every split's partial O ([num_splits][B*Hq*Sq][D] fp32), then their LSEs
+// ([num_splits][B*Hq*Sq]); none without a split.
+size_t layout_bytes(const AttnParams& p, const Launch& l) {
+  const int64_t parts = l.split.num_splits > 1 ? l.split.num_splits * p.b * p.hq * p.sq : 0;
+  return l.counters + static_cast<size_t>(parts * (p.d + 1)) * sizeof(float);
 }
 
 size_t workspace_bytes(const AttnParams& p) {
   Launch l;
-  return make_launch(p, &l).ok() ? layout_for(p, l).total : 0;
+  return make_launch(p, &l).ok() ? layout_bytes(p, l) : 0;
 }
 
 Status plan(const AttnParams& p, LaunchPlan* out) {
@@ -567,15 +556,14 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   ATTN_TRY(validate_launch(p, kStageName, kMinSm, ws, 0));  // parameters and GPU, before the plan
   Launch l;
   ATTN_TRY(make_launch(p, &l));
-  const WorkspaceLayout w = layout_for(p, l);
-  ATTN_TRY(check_workspace(kStageName, ws, w.total));
+  ATTN_TRY(check_workspace(kStageName, ws, layout_bytes(p, l)));
   AttnParams kp = p;
   // Scores in log2 units: exp(x) = exp2(x * log2(e)), and exp2f is one MUFU.EX2 instruction.
   kp.scale = effective_scale(p) * kLog2e;
   char* base = static_cast<char*>(ws.ptr);
   SplitArgs split = l.split;
-  split.o_partial = reinterpret_cast<float*>(base + w.o_partial);
-  split.lse_partial = reinterpret_cast<float*>(base + w.lse_partial);
+  split.o_partial = reinterpret_cast<float*>(base + l.counters);
+  split.lse_partial = split.o_partial + split.num_splits * p.b * p.hq * p.sq * p.d;
   split.next_item = reinterpret_cast<unsigned long long*>(base);
   split.exited = reinterpret_cast<unsigned*>(base + sizeof(unsigned long long));
   split.arrivals = reinterpret_cast<int*>(base + sizeof(unsigned long long) + sizeof(unsigned));
