@@ -72,7 +72,12 @@ __device__ __forceinline__ void attend_row(const AttnParams& p, const T* q, cons
   float m_lane = -INFINITY, l_lane = 0.0f;  // head c % HPW: running max, this lane's part of l
   float acc[HPW][8] = {};  // O of every head over elements [8c, 8c + 8), keys of group g
   for (int64_t kv_tile = kv_begin + kw * kBc; kv_tile < kv_end; kv_tile += KW * kBc) {
-    // Scores. A key past kv_end reads the last visible row and is masked to -inf.
+    // Scores. A key past kv_end reads the last visible row and is masked to -inf. CTAs without
+    // key warps clamp in 32 bits, within the tile (a shorter loop in their 64 registers); the
+    // others keep 01's 64-bit clamp, which holds fewer registers.
+    const T* k_tile = k + kv_tile * p.k_seq_stride;
+    const T* v_tile = v + kv_tile * p.v_seq_stride;
+    const int last = static_cast<int>(min(int64_t{kBc - 1}, kv_end - 1 - kv_tile));
     float s[HPW];
 #pragma unroll
     for (int ch = 0; ch < HPW; ++ch) {
@@ -80,8 +85,10 @@ __device__ __forceinline__ void attend_row(const AttnParams& p, const T* q, cons
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const int64_t j = kv_tile + (ch * R + r) * KPI + g;
+        const T* k_row = KW == 1 ? k_tile + min((ch * R + r) * KPI + g, last) * p.k_seq_stride
+                                 : k + min(j, kv_end - 1) * p.k_seq_stride;
         float k8[8];
-        load_as_float<8>(k + min(j, kv_end - 1) * p.k_seq_stride + 8 * c, k8);
+        load_as_float<8>(k_row + 8 * c, k8);
 #pragma unroll
         for (int hh = 0; hh < HPW; ++hh) {
           float dot = 0.0f;
@@ -128,7 +135,9 @@ __device__ __forceinline__ void attend_row(const AttnParams& p, const T* q, cons
     for (int t = 0; t < G; ++t) {
       const int jj = t * KPI + g;
       float v8[8];
-      load_as_float<8>(v + min(kv_tile + jj, kv_end - 1) * p.v_seq_stride + 8 * c, v8);
+      const T* v_row = KW == 1 ? v_tile + min(jj, last) * p.v_seq_stride
+                               : v + min(kv_tile + jj, kv_end - 1) * p.v_seq_stride;
+      load_as_float<8>(v_row + 8 * c, v8);
 #pragma unroll
       for (int hh = 0; hh < HPW; ++hh) {
         const float p_j = smem_p[jj][hh];
@@ -195,8 +204,11 @@ __device__ __forceinline__ float merge_parts(const float* lse, int64_t lse_strid
 
 // Resident CTAs per SM asked of the compiler (the register bound): with GQA packing 4 (2 or 4
 // heads per warp: a 4th CTA's loads in flight are worth more registers) or 2 (8 heads: q and O
-// alone take 128 registers); without it none, the compiler's own choice.
-constexpr int min_ctas_per_sm(int hpw, int, int) { return hpw == 1 ? 0 : hpw == 8 ? 2 : 4; }
+// alone take 128 registers); 8 warp rows, 4 (a grid of 4 CTAs an SM fits one wave); key warps
+// without packing, none (the compiler's own choice).
+constexpr int min_ctas_per_sm(int hpw, int kw, int) {
+  return hpw == 1 ? (kw > 1 ? 0 : 4) : hpw == 8 ? 2 : 4;
+}
 
 // Shared memory of a CTA of Br warp rows of HPW heads, KW key warps each.
 template <int D, int Br, int HPW, int KW>
@@ -234,9 +246,10 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
 
   // Keys this row may see: all of them, or with the bottom-right causal mask the first
   // i + (Sk - Sq) + 1 (none when that is <= 0: the row is empty); this CTA takes those in its
-  // split, [kv_begin, kv_end), which may be empty.
+  // split, [kv_begin, kv_end), which may be empty. CTAs without key warps never split: their
+  // kv_begin is 0 at compile time, as in 01.
   const int64_t n_keys = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
-  const int64_t kv_begin = split_idx * split.keys_per_split;
+  const int64_t kv_begin = KW == 1 ? 0 : split_idx * split.keys_per_split;
   const int64_t kv_end = row_valid ? min(n_keys, kv_begin + split.keys_per_split) : kv_begin;
   // A row's result: the answer when there is one split, else this split's part for the merge.
   const int64_t n_rows = p.b * p.hq * p.sq;
@@ -319,8 +332,8 @@ __global__ void __launch_bounds__(kCombineWarps * kWarp)
   store_output<T>(p, b, h, i, lane, o_row, lse_row);
 }
 
-// grid = work items (batch, kv head, query block, split), one CTA each: splits fastest, then
-// query blocks, kv heads and batches, the order in which the GPU starts them.
+// grid (q_blocks * num_splits, Hkv, B), one CTA per work item: splits fastest, then query
+// blocks, kv heads and batches, the order in which the GPU starts them.
 template <typename T, int D, int Br, int HPW, int KW>
 __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
     attention_kernel(const AttnParams p, const SplitArgs split) {
@@ -328,12 +341,11 @@ __global__ void __launch_bounds__(Br * KW * kWarp, min_ctas_per_sm(HPW, KW, D))
   // The warp index, broadcast from lane 0 so that the compiler knows it is warp-uniform (see 01).
   const int warp = __shfl_sync(kFullMask, static_cast<int>(threadIdx.x / kWarp), 0);
   const int lane = threadIdx.x % kWarp;
-  // Items in 32 bits (make_launch keeps them under 2^31): a 64-bit division is a long routine.
-  const unsigned n_splits = split.num_splits, n_hkv = static_cast<unsigned>(p.hkv);
-  const unsigned n_q = static_cast<unsigned>(split.q_blocks);
+  // As in 01, the grid's y and z are the head and the batch: a division by a run-time value
+  // is tens of instructions, and here all of them come before the first load.
+  const unsigned n_splits = split.num_splits;
   const int split_idx = static_cast<int>(blockIdx.x % n_splits);
-  const unsigned rest = blockIdx.x / n_splits;
-  const int64_t q_block = rest % n_q, h_kv = rest / n_q % n_hkv, b = rest / n_q / n_hkv;
+  const int64_t q_block = blockIdx.x / n_splits, h_kv = blockIdx.y, b = blockIdx.z;
   attend_block<T, D, Br, HPW, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, sm);
 }
 
@@ -396,6 +408,7 @@ struct Launch {
   int64_t slots = 0;       // ctas_per_sm * SMs
   SplitArgs split;         // num_splits, keys_per_split, q_blocks (pointers filled at launch)
   int64_t items = 0;       // work items: q_blocks * Hkv * B * num_splits
+  dim3 grid;               // (q_blocks * num_splits, Hkv, B)
   Kernel kernel = nullptr;
 };
 
@@ -432,6 +445,11 @@ Status make_launch(const AttnParams& p, Launch* out) {
   if (l.items >= kMax32 || p.sq * p.hq >= kMax32)
     return Status::Error(std::string(kStageName) + ": work items (" + std::to_string(l.items) +
                          ") and Sq * Hq (" + std::to_string(p.sq * p.hq) + ") must be under 2^31");
+  if (p.hkv > 65535 || p.b > 65535)
+    return Status::Error(std::string(kStageName) + ": Hkv (" + std::to_string(p.hkv) + ") and B (" +
+                         std::to_string(p.b) + ") must be at most 65535 (the grid's y and z)");
+  l.grid = dim3(static_cast<unsigned>(l.items / (p.hkv * p.b)), static_cast<unsigned>(p.hkv),
+                static_cast<unsigned>(p.b));
   *out = l;
   return Status::Ok();
 }
@@ -451,7 +469,7 @@ size_t workspace_bytes(const AttnParams& p) {
 Status plan(const AttnParams& p, LaunchPlan* out) {
   Launch l;
   ATTN_TRY(make_launch(p, &l));
-  out->grid = dim3(static_cast<unsigned>(l.items));
+  out->grid = l.grid;
   out->block = dim3(l.br * l.kw * kWarp);
   out->dynamic_smem_bytes = 0;
   out->kernel = reinterpret_cast<const void*>(l.kernel);
@@ -472,7 +490,7 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   SplitArgs split = l.split;
   split.o_partial = reinterpret_cast<float*>(base);
   split.lse_partial = split.o_partial + split.num_splits * p.b * p.hq * p.sq * p.d;
-  l.kernel<<<static_cast<unsigned>(l.items), l.br * l.kw * kWarp, 0, stream>>>(kp, split);
+  l.kernel<<<l.grid, l.br * l.kw * kWarp, 0, stream>>>(kp, split);
   if (split.num_splits > 1)  // the merge: a CTA per output row
     select_combine(p)<<<unsigned(p.b * p.hq * p.sq), kCombineWarps * kWarp, 0, stream>>>(kp, split);
   return check_launch(kStageName);
