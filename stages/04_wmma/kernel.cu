@@ -91,23 +91,27 @@ __device__ __forceinline__ void load_tile(T (&tile)[Rows][D + kPad], RowFn src_r
 
 // Copy rows [0, valid) of a K and a V tile (from k + r * k_stride, v + r * v_stride) and zero the
 // rest, with load_tile's map; all loads are issued before the first store, to be in flight at once.
+// A row past valid loads the last valid row (as 02 clamps) and stores zeros: a load under a
+// condition may be compiled as a branch that waits for its data before the next load issues.
 template <int Threads, typename T, int D, int Rows>
 __device__ __forceinline__ void load_kv(T (&k_tile)[Rows][D + kPad], T (&v_tile)[Rows][D + kPad],
                                         const T* k, int64_t k_stride, const T* v, int64_t v_stride,
                                         int64_t valid) {
   constexpr int kChunks = D / 8, kRowStep = Threads / kChunks, kSteps = Rows / kRowStep;
   const int piece = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
+  const int last = static_cast<int>(min(valid, int64_t{Rows})) - 1;  // valid >= 1
   Pack<8> k_piece[kSteps], v_piece[kSteps];
 #pragma unroll
   for (int j = 0; j < kSteps; ++j) {
-    const int r = r0 + j * kRowStep;
-    k_piece[j] = r < valid ? load_pack<8>(k + r * k_stride + piece * 8) : Pack<8>{};
-    v_piece[j] = r < valid ? load_pack<8>(v + r * v_stride + piece * 8) : Pack<8>{};
+    const int r = min(r0 + j * kRowStep, last);
+    k_piece[j] = load_pack<8>(k + r * k_stride + piece * 8);
+    v_piece[j] = load_pack<8>(v + r * v_stride + piece * 8);
   }
 #pragma unroll
   for (int j = 0; j < kSteps; ++j) {
-    *reinterpret_cast<Pack<8>*>(&k_tile[r0 + j * kRowStep][piece * 8]) = k_piece[j];
-    *reinterpret_cast<Pack<8>*>(&v_tile[r0 + j * kRowStep][piece * 8]) = v_piece[j];
+    const int r = r0 + j * kRowStep;
+    *reinterpret_cast<Pack<8>*>(&k_tile[r][piece * 8]) = r <= last ? k_piece[j] : Pack<8>{};
+    *reinterpret_cast<Pack<8>*>(&v_tile[r][piece * 8]) = r <= last ? v_piece[j] : Pack<8>{};
   }
 }
 
@@ -360,7 +364,9 @@ __device__ __forceinline__ void attend_block(const AttnParams& p, const SplitArg
   }
 }
 
-// grid = work items (the queue: at most resident CTAs), block Warps warps; the queue loops.
+// grid (q_blocks * num_splits, Hkv, B), one CTA per work item: splits fastest, then query
+// blocks, kv heads and batches, the order in which the GPU starts them. With the queue, as many
+// CTAs as fit, each looping over items.
 template <typename T, int D, int Warps, int KW, bool kQueue, bool kMerge>
 __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
     attention_kernel(const AttnParams p, const SplitArgs split) {
@@ -371,23 +377,24 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
   // The warp index, broadcast from lane 0 so that the compiler knows it is warp-uniform (see 01).
   const int warp = __shfl_sync(kFullMask, static_cast<int>(threadIdx.x / kWarp), 0);
   const int lane = threadIdx.x % kWarp;
-  // Items in 32 bits (make_launch keeps them under 2^31): a 64-bit division is a long routine.
-  const unsigned n_splits = split.num_splits, n_hkv = static_cast<unsigned>(p.hkv);
-  const unsigned n_q = static_cast<unsigned>(split.q_blocks), n_b = static_cast<unsigned>(p.b);
-  const unsigned n_items = n_q * n_hkv * n_b * n_splits;
-  for (unsigned item = blockIdx.x; item < n_items;) {
+  // As in 01, the grid's y and z are the head and the batch: a division by a run-time value
+  // is tens of instructions, and here all of them come before the first load.
+  const unsigned n_splits = split.num_splits;
+  // The queue's items in 32 bits (make_launch keeps them under 2^31), for the same reason.
+  const unsigned n_hkv = static_cast<unsigned>(p.hkv), n_b = static_cast<unsigned>(p.b);
+  const unsigned n_q = static_cast<unsigned>(split.q_blocks), n_items = n_q * n_hkv * n_b;
+  unsigned item = blockIdx.x;  // a CTA has at least one item: the grid is at most the items
+  do {
     // 0. Ask for the next item now: the atomic's round trip overlaps this item's work.
     const unsigned next = kQueue && threadIdx.x == 0
                               ? gridDim.x + static_cast<unsigned>(atomicAdd(split.next_item, 1ull))
                               : n_items;
-    // 1. Decode the item: splits fastest; without a mask query blocks next (CTAs running at once
-    //    share K and V tiles in L2); causal, query blocks last, the longest (latest) first.
-    const int split_idx = static_cast<int>(item % n_splits);
-    const unsigned rest = item / n_splits;
-    const unsigned radix0 = p.causal ? n_hkv : n_q, radix1 = p.causal ? n_b : n_hkv;
-    const unsigned x0 = rest % radix0, x1 = rest / radix0 % radix1, x2 = rest / radix0 / radix1;
-    const int64_t h_kv = p.causal ? x0 : x1, b = p.causal ? x1 : x2, q_rank = p.causal ? x2 : x0;
-    const int64_t q_block = p.causal ? split.q_blocks - 1 - q_rank : q_rank;
+    // 1. Decode the item: without the queue, from 02's grid. The queue's items (causal, one
+    //    split) take kv heads fastest, then batches, then query blocks, the longest (latest) first.
+    const int split_idx = kQueue ? 0 : static_cast<int>(blockIdx.x % n_splits);
+    const int64_t h_kv = kQueue ? item % n_hkv : blockIdx.y;
+    const int64_t b = kQueue ? item / n_hkv % n_b : blockIdx.z;
+    const int64_t q_block = kQueue ? n_q - 1 - item / n_hkv / n_b : blockIdx.x / n_splits;
     attend_block<T, D, Warps, KW>(p, split, b, h_kv, q_block, split_idx, warp, lane, sm);
     // 2. Fused merge: the CTA whose arrival completes the block's count (a release and acquire at
     //    GPU scope between two barriers: the partials come first) merges it, resets the count.
@@ -424,7 +431,7 @@ __global__ void __launch_bounds__(Warps * kWarp, min_ctas_per_sm(Warps, D))
     __syncthreads();
     item = s_item;
     __syncthreads();
-  }
+  } while (item < n_items);
   // 4. The last CTA to find the queue empty resets it: every other CTA has made its last fetch.
   if (kQueue && threadIdx.x == 0) {
     __threadfence();
@@ -471,7 +478,7 @@ struct Launch {
   int64_t slots = 0;       // ctas_per_sm * SMs
   SplitArgs split;         // num_splits, keys_per_split, q_blocks (pointers filled at launch)
   int64_t items = 0;       // work items: q_blocks * Hkv * B * num_splits
-  int64_t ctas = 0;        // CTAs: items; causal, at most slots (persistent)
+  dim3 grid;               // 02's (q_blocks * num_splits, Hkv, B); with the queue, slots CTAs
   size_t counters = 0;     // next_item, exited, arrivals[< SMs]: the workspace's first bytes
   Kernel kernel = nullptr;
 };
@@ -516,9 +523,14 @@ Status make_launch(const AttnParams& p, Launch* out) {
   if (l.items >= kMax32 || p.sq * p.hq >= kMax32)
     return Status::Error(std::string(kStageName) + ": work items (" + std::to_string(l.items) +
                          ") and Sq * Hq (" + std::to_string(p.sq * p.hq) + ") must be under 2^31");
+  if (p.hkv > 65535 || p.b > 65535)
+    return Status::Error(std::string(kStageName) + ": Hkv (" + std::to_string(p.hkv) + ") and B (" +
+                         std::to_string(p.b) + ") must be at most 65535 (the grid's y and z)");
+  l.grid = dim3(static_cast<unsigned>(l.items / (p.hkv * p.b)), static_cast<unsigned>(p.hkv),
+                static_cast<unsigned>(p.b));
   const bool queue = l.items > l.slots && p.causal;  // never with splits: they fit one wave
   if (queue || l.items == unsplit) ATTN_TRY(configure(l.kw > 1, queue, false, &l));
-  l.ctas = queue ? std::min(l.items, l.slots) : l.items;  // even items: the GPU's own queue
+  if (queue) l.grid = dim3(static_cast<unsigned>(l.slots));  // even items: the GPU's own queue
   l.counters = (12 + 4 * static_cast<size_t>(device->sm_count) + 255) / 256 * 256;  // any shape
   *out = l;
   return Status::Ok();
@@ -539,11 +551,12 @@ size_t workspace_bytes(const AttnParams& p) {
 Status plan(const AttnParams& p, LaunchPlan* out) {
   Launch l;
   ATTN_TRY(make_launch(p, &l));
-  out->grid = dim3(static_cast<unsigned>(l.ctas));
+  out->grid = l.grid;
   out->block = dim3(l.warps * kWarp);
   out->dynamic_smem_bytes = l.smem;
   out->kernel = reinterpret_cast<const void*>(l.kernel);
-  out->notes = std::to_string(l.ctas) + " CTAs, " + std::to_string(l.split.num_splits) +
+  const int64_t ctas = int64_t{l.grid.x} * l.grid.y * l.grid.z;
+  out->notes = std::to_string(ctas) + " CTAs, " + std::to_string(l.split.num_splits) +
                " splits, " + std::to_string(l.kw) + " key warps";
   return Status::Ok();
 }
@@ -563,7 +576,7 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   split.next_item = reinterpret_cast<unsigned long long*>(base);
   split.exited = reinterpret_cast<unsigned*>(base + sizeof(unsigned long long));
   split.arrivals = reinterpret_cast<int*>(base + sizeof(unsigned long long) + sizeof(unsigned));
-  l.kernel<<<static_cast<unsigned>(l.ctas), l.warps * kWarp, l.smem, stream>>>(kp, split);
+  l.kernel<<<l.grid, l.warps * kWarp, l.smem, stream>>>(kp, split);
   return check_launch(kStageName);
 }
 
