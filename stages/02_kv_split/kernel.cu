@@ -448,8 +448,8 @@ Status make_launch(const AttnParams& p, Launch* out) {
   if (p.hkv > 65535 || p.b > 65535)
     return Status::Error(std::string(kStageName) + ": Hkv (" + std::to_string(p.hkv) + ") and B (" +
                          std::to_string(p.b) + ") must be at most 65535 (the grid's y and z)");
-  l.grid = dim3(static_cast<unsigned>(l.items / (p.hkv * p.b)), static_cast<unsigned>(p.hkv),
-                static_cast<unsigned>(p.b));
+  l.grid = dim3(static_cast<unsigned>(l.split.q_blocks * l.split.num_splits),
+                static_cast<unsigned>(p.hkv), static_cast<unsigned>(p.b));
   *out = l;
   return Status::Ok();
 }

@@ -528,8 +528,8 @@ Status make_launch(const AttnParams& p, Launch* out) {
   if (p.hkv > 65535 || p.b > 65535)
     return Status::Error(std::string(kStageName) + ": Hkv (" + std::to_string(p.hkv) + ") and B (" +
                          std::to_string(p.b) + ") must be at most 65535 (the grid's y and z)");
-  l.grid = dim3(static_cast<unsigned>(l.items / (p.hkv * p.b)), static_cast<unsigned>(p.hkv),
-                static_cast<unsigned>(p.b));
+  l.grid = dim3(static_cast<unsigned>(l.split.q_blocks * l.split.num_splits),
+                static_cast<unsigned>(p.hkv), static_cast<unsigned>(p.b));
   const bool queue = l.items > l.slots && p.causal;  // never with splits: they fit one wave
   if (queue || l.items == unsplit) ATTN_TRY(configure(l.kw > 1, queue, false, &l));
   if (queue) l.grid = dim3(static_cast<unsigned>(l.slots));  // even items: the GPU's own queue
