@@ -2,18 +2,13 @@
 //   01 naive -> 02 kv_split -> 03 persistent -> 04 wmma -> 05 cp_async -> 06 warp_specialized
 //
 // Stage 06 extends 05 by Hopper's way of feeding the tensor cores (sm_90a): TMA copies Q, K and V
-// tiles into 128-byte-swizzled shared memory; wgmma computes S = Q.K^T and O += P.V (P from
-// registers); a producer warp issues every copy into a ring of K/V slots with full/empty
-// mbarriers, while consumer warpgroups of 64 query rows, given its registers by setmaxnreg,
-// compute:
+// tiles into 128-byte-swizzled shared memory, wgmma computes S = Q.K^T and O += P.V, and one
+// producer warp fills a ring of K/V slots (full/empty mbarriers) for consumer warpgroups of 64
+// query rows, to which setmaxnreg gives the registers:
 //   producer:  wait for a free Q slot, copy Q; per tile: wait for a free slot, copy K, then V
-//   consumers: wait for Q; per tile: wait for K, S = Q.K^T, free K, online softmax, wait for V,
-//              O += P.V, free V; then normalise and store O (or the split's part, and merge)
-// The softmax is on the tile's critical path here (nothing else runs while it does), so it is
-// made short: a row's maximum moves only when it grows by more than 2^8, and each tile first
-// tries its exponentials with the maxima as they stand; only if one may exceed 2^8 is S
-// computed again and the tile's maximum taken.
-// Kept from 02-05: key splits merged by LSE, packed GQA rows, one wave of persistent CTAs.
+//   consumers: wait for Q; per tile: wait for K, S = Q.K^T, free K, online softmax (a lazy
+//              maximum, kLazy), wait for V, O += P.V, free V; then normalise and store O
+// Kept from 02-05: key splits merged by LSE, packed GQA rows, persistent CTAs.
 // Why: notebooks_md/06_warp_specialized.md.
 #include <algorithm>
 #include <cmath>
@@ -245,8 +240,10 @@ __device__ __forceinline__ void merge_row(const AttnParams& p, const Work& w, in
   if (p.lse != nullptr && lane == 0) p.lse[row] = sum_w > 0.0f ? shift + logf(sum_w) : -INFINITY;
 }
 
-// The running maximum of a row moves only when a tile's exceeds it by more than kLazy (log2
-// units), so that every exponential stays at most kMaxExp = 2^kLazy (online_softmax, below).
+// The softmax is on the tile's critical path here (nothing else runs while it does), so it is
+// made short: the running maximum of a row moves only when a tile's exceeds it by more than kLazy
+// (log2 units), so that every exponential stays at most kMaxExp = 2^kLazy (online_softmax, below),
+// and a tile first tries its exponentials with the maxima as they stand (stale_softmax).
 constexpr float kLazy = 8.0f, kMaxExp = 256.0f;
 
 // The exponentials of a tile with each row's running maximum m as it stands, and their sums in

@@ -1,20 +1,14 @@
 // Fast attention, one idea at a time:
 //   ... 05 cp_async -> 06 warp_specialized -> 07 overlap
 //
-// Stage 07 extends 06 by overlap, at three scales: the consumer warpgroups take turns to issue
-// their products (pingpong, named barriers), so that one's softmax runs while another's
-// products do; inside a warpgroup, S of tile t is issued with P.V of tile t - 1 and the softmax
-// of tile t runs while that P.V is on the tensor cores (wgmma_wait<1>); and launches overlap
-// (programmatic dependent launch): a launch's prologue, up to its first item's decoding, runs
-// while the previous one drains. O leaves through shared memory (stmatrix) in 16-byte stores,
-// which drain while the warpgroup starts its next item. On problems far from filling the GPU, a
-// half CTA (32 query rows to a warpgroup) spreads each SM's softmax over twice the SMs.
-//   consumers, per tile t: wait for K(t) and V(t-1); in their turn issue S(t) = Q.K(t)^T and
-//   O += P(t-1).V(t-1); wait for S(t), free K(t); softmax(t); wait for P.V, free V(t-1);
-//   rescale O (only when a row's maximum grew by more than 2^8, so rarely), P(t) from S(t). The
-//   producer copies in that order: K(t), then V(t-1); it sleeps between its tests of a slot. At
-//   D = 64 (three warpgroups, 160 registers) P stays packed into S, and S(t) follows
-//   P(t-1).V(t-1).
+// Stage 07 extends 06 by overlap, at three scales: consumer warpgroups take turns to issue their
+// products (pingpong, named barriers), so that one's softmax runs while another's products do; in
+// a warpgroup, the softmax of tile t runs while P.V of tile t - 1 is on the tensor cores; and
+// launches overlap (programmatic dependent launch). Two more for the same end: O leaves through
+// shared memory (stmatrix) while the next item starts, and a half CTA (32 query rows a warpgroup)
+// spreads a small problem's softmax over twice the SMs.
+//   consumers, per tile t: wait for K(t), V(t-1); in their turn issue S(t) and O += P(t-1).V(t-1);
+//   wait for S(t), free K(t); softmax(t); wait for P.V, free V(t-1); P(t) from S(t)
 // Why: notebooks_md/07_overlap.md.
 #include <algorithm>
 #include <cmath>
