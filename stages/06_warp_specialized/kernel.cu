@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <cuda/atomic>
 
@@ -116,7 +117,6 @@ struct Item {
 };
 
 // Keys row i may see within the split ending at split_end (bottom-right causal mask).
-[[maybe_unused]]  // in the sm_90a code only
 __host__ __device__ __forceinline__ int64_t row_end(const AttnParams& p, int64_t i,
                                                     int64_t split_end) {
   const int64_t visible = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
@@ -637,6 +637,31 @@ struct Launch {
   Kernel kernel = nullptr;
 };
 
+// The tiles of the busiest CTA when ctas CTAs walk the items in item_of_round's order (one
+// split: more items than CTAs). With the causal mask a head's query blocks repeat in a pattern of
+// lengths, longest first; zig-zag pairs a long block with a short one only on a grid that is a
+// multiple of that period. Otherwise the pairs drift by the remainder each round, and over fewer
+// rounds than a whole drift some CTAs draw long blocks round after round (128 blocks a head on
+// 132 SMs: half again the mean). One pass over the items, without a division in it.
+int64_t busiest_cta(const AttnParams& p, const Launch& l, int64_t ctas) {
+  const Work& w = l.work;
+  const int64_t rows = p.sq << w.log2_pack;
+  std::vector<int64_t> block_tiles(static_cast<size_t>(w.q_blocks));
+  std::vector<int64_t> tiles(static_cast<size_t>(ctas));
+  for (int64_t q = 0; q < w.q_blocks; ++q) {
+    const int64_t i_last = (std::min((q + 1) * l.tile.br, rows) - 1) >> w.log2_pack;
+    block_tiles[static_cast<size_t>(q)] = (row_end(p, i_last, p.sk) + l.tile.bc - 1) / l.tile.bc;
+  }
+  int64_t q_block = w.q_blocks - 1;  // the first item's: causal items come longest first
+  for (int64_t item = 0, round = 0; item < w.n_items; ++round)
+    for (int64_t k = 0; k < ctas && item < w.n_items; ++k, ++item) {
+      tiles[static_cast<size_t>(round % 2 != 0 ? ctas - 1 - k : k)] +=
+          block_tiles[static_cast<size_t>(q_block)];
+      q_block = q_block == 0 ? w.q_blocks - 1 : q_block - 1;
+    }
+  return *std::max_element(tiles.begin(), tiles.end());
+}
+
 Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
   ATTN_TRY(current_device(&device));
@@ -698,6 +723,13 @@ Status make_launch(const AttnParams& p, Launch* out) {
                          kStageName + "'s limit 2^31");
   w.n_items = static_cast<unsigned>(items);
   l.ctas = std::min(items, l.slots);
+  // With the causal mask over several rounds, rather the largest multiple of a head's query blocks
+  // that fits, if its busiest CTA has at least 4% fewer tiles (busiest_cta; the bound on the items
+  // keeps the count quick).
+  const int64_t whole_periods = l.slots / w.q_blocks * w.q_blocks;
+  if (p.causal && items > l.slots && whole_periods > 0 && items <= (int64_t{1} << 16) &&
+      busiest_cta(p, l, whole_periods) * 25 < busiest_cta(p, l, l.ctas) * 24)
+    l.ctas = whole_periods;
   *out = l;
   return Status::Ok();
 }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <cuda/atomic>
 
@@ -69,9 +70,10 @@ struct Tile {
   static_assert(kStages >= 2, "two K/V slots at least");
   static_assert(kConsumerRegs >= 152 && kConsumerRegs <= 256, "consumer registers");
 };
-// The large CTA, for grids of at least most of a wave: three consumer warpgroups at D = 64, two at
-// D = 128 (where S, P and O take more registers). The small one, one consumer warpgroup, for
-// small problems and decode: twice (D = 64: three times) the CTAs, and a deeper K/V ring.
+// The large CTA, for grids of at least most of a wave: three consumer warpgroups at D = 64 (two
+// with the causal mask: Cta::large_causal), two at D = 128 (where S, P and O take more registers).
+// The small one, one consumer warpgroup, for small problems and decode: twice (D = 64: three
+// times) the CTAs, and a deeper K/V ring.
 template <int D>
 constexpr int kLargeConsumers = D == 64 ? 3 : 2;
 
@@ -122,7 +124,6 @@ struct Item {
 };
 
 // Keys row i may see within the split ending at split_end (bottom-right causal mask).
-[[maybe_unused]]  // in the sm_90a code only
 __host__ __device__ __forceinline__ int64_t row_end(const AttnParams& p, int64_t i,
                                                     int64_t split_end) {
   const int64_t visible = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
@@ -755,13 +756,15 @@ __global__ void __launch_bounds__(Tile<D, C, R>::kThreads, 1)
 
 using Kernel = void (*)(Maps, AttnParams, Work);
 
-// The three CTAs: the large one, the small one (one consumer warpgroup) and the half one (one
-// consumer warpgroup of 32 rows).
-enum class Cta { large, small, half };
+// The CTAs: the large one; the large one with the causal mask, two consumer warpgroups at any D
+// (at D = 64 blocks of 128 rows instead of 192 leave less to the diagonal's masked tiles); the
+// small one (one consumer warpgroup) and the half one (one consumer warpgroup of 32 rows).
+enum class Cta { large, large_causal, small, half };
 
 template <typename T, int D>
 Kernel select_kernel(Cta cta) {
   if (cta == Cta::half) return overlap_kernel<T, D, 1, 32>;
+  if (cta == Cta::large_causal) return overlap_kernel<T, D, 2, 64>;
   return cta == Cta::small ? overlap_kernel<T, D, 1, 64>
                            : overlap_kernel<T, D, kLargeConsumers<D>, 64>;
 }
@@ -787,6 +790,7 @@ TileInfo tile_info() {
 TileInfo tile_of(const AttnParams& p, Cta cta) {
   if (cta == Cta::half) return p.d == 64 ? tile_info<64, 1, 32>() : tile_info<128, 1, 32>();
   if (cta == Cta::small) return p.d == 64 ? tile_info<64, 1, 64>() : tile_info<128, 1, 64>();
+  if (cta == Cta::large_causal) return p.d == 64 ? tile_info<64, 2, 64>() : tile_info<128, 2, 64>();
   return p.d == 64 ? tile_info<64, kLargeConsumers<64>, 64>()
                    : tile_info<128, kLargeConsumers<128>, 64>();
 }
@@ -809,6 +813,31 @@ struct Launch {
   size_t smem = 0;
   Kernel kernel = nullptr;
 };
+
+// The tiles of the busiest CTA when ctas CTAs walk the items in item_of_round's order (one
+// split: more items than CTAs). With the causal mask a head's query blocks repeat in a pattern of
+// lengths, longest first; zig-zag pairs a long block with a short one only on a grid that is a
+// multiple of that period. Otherwise the pairs drift by the remainder each round, and over fewer
+// rounds than a whole drift some CTAs draw long blocks round after round (128 blocks a head on
+// 132 SMs: half again the mean). One pass over the items, without a division in it.
+int64_t busiest_cta(const AttnParams& p, const Launch& l, int64_t ctas) {
+  const Work& w = l.work;
+  const int64_t rows = p.sq << w.log2_pack;
+  std::vector<int64_t> block_tiles(static_cast<size_t>(w.q_blocks));
+  std::vector<int64_t> tiles(static_cast<size_t>(ctas));
+  for (int64_t q = 0; q < w.q_blocks; ++q) {
+    const int64_t i_last = (std::min((q + 1) * l.tile.br, rows) - 1) >> w.log2_pack;
+    block_tiles[static_cast<size_t>(q)] = (row_end(p, i_last, p.sk) + l.tile.bc - 1) / l.tile.bc;
+  }
+  int64_t q_block = w.q_blocks - 1;  // the first item's: causal items come longest first
+  for (int64_t item = 0, round = 0; item < w.n_items; ++round)
+    for (int64_t k = 0; k < ctas && item < w.n_items; ++k, ++item) {
+      tiles[static_cast<size_t>(round % 2 != 0 ? ctas - 1 - k : k)] +=
+          block_tiles[static_cast<size_t>(q_block)];
+      q_block = q_block == 0 ? w.q_blocks - 1 : q_block - 1;
+    }
+  return *std::max_element(tiles.begin(), tiles.end());
+}
 
 Status make_launch(const AttnParams& p, Launch* out) {
   const DeviceInfo* device = nullptr;
@@ -845,7 +874,7 @@ Status make_launch(const AttnParams& p, Launch* out) {
     return Status::Ok();
   };
   Launch large, small, half;
-  ATTN_TRY(configure(Cta::large, &large));
+  ATTN_TRY(configure(p.causal ? Cta::large_causal : Cta::large, &large));
   ATTN_TRY(configure(Cta::small, &small));
   ATTN_TRY(configure(Cta::half, &half));
   auto unsplit_of = [&](const Launch& l) {
@@ -879,6 +908,13 @@ Status make_launch(const AttnParams& p, Launch* out) {
                          kStageName + "'s limit 2^31");
   w.n_items = static_cast<unsigned>(items);
   l.ctas = std::min(items, l.slots);
+  // With the causal mask over several rounds, rather the largest multiple of a head's query blocks
+  // that fits, if its busiest CTA has at least 4% fewer tiles (busiest_cta; the bound on the items
+  // keeps the count quick).
+  const int64_t whole_periods = l.slots / w.q_blocks * w.q_blocks;
+  if (p.causal && items > l.slots && whole_periods > 0 && items <= (int64_t{1} << 16) &&
+      busiest_cta(p, l, whole_periods) * 25 < busiest_cta(p, l, l.ctas) * 24)
+    l.ctas = whole_periods;
   *out = l;
   return Status::Ok();
 }
