@@ -85,6 +85,36 @@ __device__ __forceinline__ void tma_load_5d(void* dst, const void* map, int c0, 
                                   coords, bar);
 }
 
+/// Copy @p src, a box in shared memory, to the box at @p coords of the 5-D tensor map @p map (the
+/// layout of tma_load_5d; elements outside the tensor are not written). The copy joins this
+/// thread's open bulk group: close it with tma_store_commit(). Threads that wrote @p src must
+/// call fence_proxy_async_shared() first, then synchronise with the issuing thread.
+__device__ __forceinline__ void tma_store_5d(const void* map, const void* src, int c0, int c1,
+                                             int c2, int c3, int c4) {
+  const int32_t coords[5] = {c0, c1, c2, c3, c4};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords,
+                                  src);
+}
+
+/// Close this thread's group of TMA stores issued since the last commit.
+__device__ __forceinline__ void tma_store_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
+
+/// Wait until this thread's TMA stores have read their shared memory (it may then be rewritten;
+/// the global writes may still be in flight).
+__device__ __forceinline__ void tma_store_wait_read() {
+  cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+}
+
+/// Wait until this thread's TMA stores are complete (before the CTA exits).
+__device__ __forceinline__ void tma_store_wait() {
+  cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+}
+
+/// Order this thread's earlier shared-memory writes before later async-proxy (TMA) reads of them.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+}
+
 /// Store four 8x8 matrices of 16-bit elements to shared memory, one instruction for the warp:
 /// lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes), and its register
 /// j holds elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of matrix j: the layout of an

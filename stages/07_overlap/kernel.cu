@@ -5,8 +5,8 @@
 // products (pingpong, named barriers), so that one's softmax runs while another's products do; in
 // a warpgroup, the softmax of tile t runs while P.V of tile t - 1 is on the tensor cores; and
 // launches overlap (programmatic dependent launch). Two more for the same end: O leaves through
-// shared memory (stmatrix) while the next item starts, and a half CTA (32 query rows a warpgroup)
-// spreads a small problem's softmax over twice the SMs.
+// shared memory (stmatrix; from the large CTA by the producer's TMA store) while the next item
+// starts, and a half CTA (32 query rows a warpgroup) spreads a small problem's softmax wider.
 //   consumers, per tile t: wait for K(t), V(t-1); in their turn issue S(t) and O += P(t-1).V(t-1);
 //   wait for S(t), free K(t); softmax(t); wait for P.V, free V(t-1); P(t) from S(t)
 // Why: notebooks_md/07_overlap.md.
@@ -88,6 +88,7 @@ struct Smem {
   alignas(1024) unsigned char k[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
   alignas(1024) unsigned char v[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
   uint64_t q_full[2], q_empty[2];  // Q landed / every consumer warpgroup done with the slot
+  uint64_t o_full[2];              // the large CTA: O in the slot, for the producer's store
   uint64_t k_full[kStages];        // K tile landed in the slot
   uint64_t v_full[kStages];        // V tile landed in the slot
   uint64_t k_empty[kStages];       // every consumer warp done reading the slot's K (after S)
@@ -95,10 +96,10 @@ struct Smem {
   int last_split;                  // this CTA brought its query block's last split (it merges)
 };
 
-// The three tensor maps, passed by value as one __grid_constant__ parameter (TMA reads them from
+// The tensor maps, passed by value as one __grid_constant__ parameter (TMA reads them from
 // the parameter space).
 struct Maps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, o;  // o: the large CTA's stores only
 };
 
 // What the kernel needs beyond AttnParams: the work decomposition and the split buffers.
@@ -182,14 +183,34 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
   constexpr uint32_t kQBytes = Tile<D, C, R>::kBr * D * 2,
                      kTileBytes = Tile<D, C, R>::kTileBytes;  // whole boxes, zeros included
   const unsigned group = static_cast<unsigned>(p.hq / p.hkv);  // Hq < 2^31 (make_launch)
-  uint32_t q_uses = 0, kv_uses = 0;
+  uint32_t q_uses = 0, kv_uses = 0;  // q_uses: the round, one Q per item
+  // The O of round r, left by the consumers in its Q slot: one TMA store of the block (rows past
+  // Sq are not written), read out before the slot is reused. With splits the consumers have
+  // written their parts themselves.
+  auto store_o = [&](unsigned r) {
+    if (w.num_splits > 1) return;
+    const Item d = decode_item<D, C, R>(p, w, item_of_round(r));
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+      tma_store_5d(&maps.o, sm.q[r % 2][c], c * kCols, 0, static_cast<int>(d.row0 >> w.log2_pack),
+                   static_cast<int>(d.hs), static_cast<int>(d.b));
+    tma_store_commit();
+    tma_store_wait_read();
+  };
   for (unsigned round = 0, item = item_of_round(0); item < w.n_items;
        item = item_of_round(++round)) {
     const Item it = decode_item<D, C, R>(p, w, item);
     const int b = static_cast<int>(it.b);
     const int h_kv = static_cast<int>(static_cast<unsigned>(it.hs << w.log2_pack) / group);
     const int q_slot = q_uses % 2;
-    mbarrier_wait(&sm.q_empty[q_slot], ((q_uses / 2) & 1) ^ 1);
+    if constexpr (C > 1) {
+      // The large CTA's O leaves from its Q slot by TMA, issued here: the consumers left the O of
+      // round - 2 there (o_full); it goes out before this Q reuses the slot.
+      mbarrier_wait(&sm.o_full[q_slot], ((q_uses / 2) & 1) ^ 1);
+      if (round >= 2) store_o(round - 2);
+    } else {
+      mbarrier_wait(&sm.q_empty[q_slot], ((q_uses / 2) & 1) ^ 1);
+    }
     mbarrier_arrive_expect_tx(&sm.q_full[q_slot], kQBytes);
     // Programmatic dependent launch: the first read of the inputs (see the kernel) waits here,
     // after Q's slot and byte count are set, so that only the copy follows the wait.
@@ -220,6 +241,13 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
     }
     load(it.n_tiles - 1, sm.v_full, sm.v_empty, &maps.v, sm.v);
     kv_uses += it.n_tiles;
+  }
+  if constexpr (C > 1) {  // the last two rounds' O, then the stores' end (before the CTA exits)
+    for (unsigned r = q_uses < 2 ? 0 : q_uses - 2; r < q_uses; ++r) {
+      mbarrier_wait(&sm.o_full[r % 2], (r / 2) & 1);
+      store_o(r);
+    }
+    tma_store_wait();
   }
 }
 
@@ -606,9 +634,9 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
     // Normalise and store: l summed over the quad; O /= l; LSE = m + log2 l, in natural log. A
     // row with no key has l = 0: O = 0 and LSE = -inf. With one split O is the answer: it goes
     // into this warpgroup's rows of the Q slot, which its products have finished reading, in the
-    // same swizzled layout, and leaves in 16-byte stores; the global writes then drain while the
-    // warpgroup starts its next item. With several splits O is the split's part, in fp32, for the
-    // merge.
+    // same swizzled layout, and leaves in 16-byte stores (the large CTA: the producer's TMA
+    // store); the global writes then drain while the warpgroup starts its next item. With several
+    // splits O is the split's part, in fp32, for the merge.
     float inv[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -636,24 +664,29 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
                               ((piece % 8) ^ (lane % 8)) * 16),
                     pk[0], pk[1], pk[2], pk[3]);
       }
-      // The warp's 16 rows leave in 16-byte pieces, D/8 to a row, 8 consecutive lanes on 128
-      // contiguous bytes: whole lines, as coalesced as a TMA store, and without its issue and its
-      // wait for the read (the stores drain on their own, past the CTA's exit). Rows past Sq are
-      // not written. The warp reads only what it wrote: __syncwarp() is the only barrier.
-      __syncwarp();
-      constexpr int kPieces = D / 8, kWarpRows = kHalf ? 8 : 16;  // per row; the warp's rows
+      // The small and half CTAs' warps store their 16 rows in 16-byte pieces, D/8 to a row, 8
+      // consecutive lanes on 128 contiguous bytes: whole lines, as coalesced as a TMA store, and
+      // without its issue and its wait for the read (the stores drain on their own, past the
+      // CTA's exit). Rows past Sq are not written. The warp reads only what it wrote:
+      // __syncwarp() is the only barrier. The large CTA's items come one after another, and the
+      // stores would hold its consumers between two: there the producer stores the block by TMA
+      // instead (produce), and the consumers go on.
+      if constexpr (kConsumers == 1) {
+        __syncwarp();
+        constexpr int kPieces = D / 8, kWarpRows = kHalf ? 8 : 16;  // per row; the warp's rows
 #pragma unroll
-      for (int k = 0; k < kWarpRows * kPieces / kWarp; ++k) {
-        const int g = k * kWarp + lane, row = g / kPieces, cp = g % kPieces;
-        const uint4 val = *reinterpret_cast<const uint4*>(
-            sm.q[q_slot][cp / 8] + (cw * 64 + 16 * wq + row) * kRowBytes +
-            ((cp % 8) ^ (row % 8)) * 16);
-        const unsigned r = wg_row0 + kWarpRows * wq + row;
-        if (r < rows) {
-          const int64_t i = r >> w.log2_pack, head = (it.hs << w.log2_pack) + (r & pack_mask);
-          T* dst = static_cast<T*>(p.o) + it.b * p.o_batch_stride + i * p.o_seq_stride +
-                   head * p.o_head_stride + cp * 8;
-          *reinterpret_cast<uint4*>(dst) = val;
+        for (int k = 0; k < kWarpRows * kPieces / kWarp; ++k) {
+          const int g = k * kWarp + lane, row = g / kPieces, cp = g % kPieces;
+          const uint4 val = *reinterpret_cast<const uint4*>(
+              sm.q[q_slot][cp / 8] + (cw * 64 + 16 * wq + row) * kRowBytes +
+              ((cp % 8) ^ (row % 8)) * 16);
+          const unsigned r = wg_row0 + kWarpRows * wq + row;
+          if (r < rows) {
+            const int64_t i = r >> w.log2_pack, head = (it.hs << w.log2_pack) + (r & pack_mask);
+            T* dst = static_cast<T*>(p.o) + it.b * p.o_batch_stride + i * p.o_seq_stride +
+                     head * p.o_head_stride + cp * 8;
+            *reinterpret_cast<uint4*>(dst) = val;
+          }
         }
       }
     }
@@ -675,9 +708,11 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
       }
     }
     // The slot goes back to the producer when every consumer warp has read its rows (an
-    // arrival releases the warp's earlier reads).
+    // arrival releases the warp's earlier reads and writes); in the large CTA with its O, whose
+    // writes the fence orders before the TMA store's reads.
+    if constexpr (kConsumers > 1) fence_proxy_async_shared();
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(&sm.q_empty[q_slot]);
+    if (lane == 0) mbarrier_arrive(kConsumers > 1 ? &sm.o_full[q_slot] : &sm.q_empty[q_slot]);
 
     // The fused merge (03): one consumer thread counts the split in, and the CTA that brings the
     // count to num_splits merges the block's rows, one row per consumer warp, and sets the count
@@ -724,9 +759,11 @@ __global__ void __launch_bounds__(Tile<D, C, R>::kThreads, 1)
     prefetch_tensor_map(&maps.q);
     prefetch_tensor_map(&maps.k);
     prefetch_tensor_map(&maps.v);
+    if (C > 1) prefetch_tensor_map(&maps.o);
     for (int s = 0; s < 2; ++s) {
       mbarrier_init(&sm.q_full[s], 1);  // the producer's arrive_expect_tx, then the bytes
-      mbarrier_init(&sm.q_empty[s], Tile<D, C, R>::kConsumers * 4);  // one per consumer warp
+      // One arrival per consumer warp, on q_empty, or in the large CTA on o_full.
+      mbarrier_init(C > 1 ? &sm.o_full[s] : &sm.q_empty[s], C * 4);
     }
     for (int s = 0; s < Tile<D, C, R>::kStages; ++s) {
       mbarrier_init(&sm.k_full[s], 1);
@@ -973,6 +1010,11 @@ Status encode_maps(const AttnParams& p, const TileInfo& tile, int log2_pack, Map
   const uint32_t q_box[5] = {kCols, static_cast<uint32_t>(pack),
                              static_cast<uint32_t>(tile.br / pack), 1, 1};
   ATTN_TRY(encode_tensor_map(&maps->q, p.q, p.dtype, 5, q_dims, q_strides, q_box, "q"));
+  if (tile.consumers > 1) {  // the large CTA stores O by TMA, in Q's boxes
+    const uint64_t o_strides[4] = {p.o_head_stride * e, p.o_seq_stride * e,
+                                   pack * p.o_head_stride * e, p.o_batch_stride * e};
+    ATTN_TRY(encode_tensor_map(&maps->o, p.o, p.dtype, 5, q_dims, o_strides, q_box, "o"));
+  }
   const uint32_t kv_box[4] = {kCols, static_cast<uint32_t>(tile.bc), 1, 1};
   const uint64_t kv_dims[4] = {static_cast<uint64_t>(p.d), static_cast<uint64_t>(p.sk),
                                static_cast<uint64_t>(p.hkv), static_cast<uint64_t>(p.b)};
