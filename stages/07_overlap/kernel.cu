@@ -97,9 +97,15 @@ struct Smem {
 };
 
 // The tensor maps, passed by value as one __grid_constant__ parameter (TMA reads them from
-// the parameter space).
+// the parameter space). The large CTA's (kO) also hold O's, for its stores; the others' launches,
+// a few microseconds long, are quicker without those 128 bytes of parameters to copy.
+template <bool kO>
 struct Maps {
-  CUtensorMap q, k, v, o;  // o: the large CTA's stores only
+  CUtensorMap q, k, v;
+};
+template <>
+struct Maps<true> {
+  CUtensorMap q, k, v, o;
 };
 
 // What the kernel needs beyond AttnParams: the work decomposition and the split buffers.
@@ -174,29 +180,33 @@ __device__ __forceinline__ unsigned item_of_round(unsigned round) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 using namespace hopper;
 
-// The producer: one thread of warpgroup 0 issues every TMA copy of this CTA's items. Q of an item
-// waits until the consumers have read the previous item's Q; each K/V tile waits for its slot.
+// The O of round r of the large CTA, which its consumers left in the round's Q slot: one TMA
+// store of the block (rows past Sq are not written), read out before the slot is reused. With
+// splits the consumers have written their parts themselves.
 template <int D, int C, int R>
-__device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, const Work& w,
-                                        Smem<D, C, R>& sm) {
+__device__ __forceinline__ void store_block(const Maps<true>& maps, const AttnParams& p,
+                                            const Work& w, Smem<D, C, R>& sm, unsigned r) {
+  if (w.num_splits > 1) return;
+  const Item it = decode_item<D, C, R>(p, w, item_of_round(r));
+#pragma unroll
+  for (int c = 0; c < D / kCols; ++c)
+    tma_store_5d(&maps.o, sm.q[r % 2][c], c * kCols, 0, static_cast<int>(it.row0 >> w.log2_pack),
+                 static_cast<int>(it.hs), static_cast<int>(it.b));
+  tma_store_commit();
+  tma_store_wait_read();
+}
+
+// The producer: one thread of warpgroup 0 issues every TMA copy of this CTA's items. Q of an item
+// waits until the consumers have read the Q of two items before (in the large CTA, and the store
+// of its O has read it out); each K/V tile waits for its slot.
+template <int D, int C, int R>
+__device__ __forceinline__ void produce(const Maps<(C > 1)>& maps, const AttnParams& p,
+                                        const Work& w, Smem<D, C, R>& sm) {
   constexpr int kChunks = D / kCols, kStages = Tile<D, C, R>::kStages, kBc = Tile<D, C, R>::kBc;
   constexpr uint32_t kQBytes = Tile<D, C, R>::kBr * D * 2,
                      kTileBytes = Tile<D, C, R>::kTileBytes;  // whole boxes, zeros included
   const unsigned group = static_cast<unsigned>(p.hq / p.hkv);  // Hq < 2^31 (make_launch)
   uint32_t q_uses = 0, kv_uses = 0;  // q_uses: the round, one Q per item
-  // The O of round r, left by the consumers in its Q slot: one TMA store of the block (rows past
-  // Sq are not written), read out before the slot is reused. With splits the consumers have
-  // written their parts themselves.
-  auto store_o = [&](unsigned r) {
-    if (w.num_splits > 1) return;
-    const Item d = decode_item<D, C, R>(p, w, item_of_round(r));
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c)
-      tma_store_5d(&maps.o, sm.q[r % 2][c], c * kCols, 0, static_cast<int>(d.row0 >> w.log2_pack),
-                   static_cast<int>(d.hs), static_cast<int>(d.b));
-    tma_store_commit();
-    tma_store_wait_read();
-  };
   for (unsigned round = 0, item = item_of_round(0); item < w.n_items;
        item = item_of_round(++round)) {
     const Item it = decode_item<D, C, R>(p, w, item);
@@ -207,7 +217,7 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
       // The large CTA's O leaves from its Q slot by TMA, issued here: the consumers left the O of
       // round - 2 there (o_full); it goes out before this Q reuses the slot.
       mbarrier_wait(&sm.o_full[q_slot], ((q_uses / 2) & 1) ^ 1);
-      if (round >= 2) store_o(round - 2);
+      if (round >= 2) store_block(maps, p, w, sm, round - 2);
     } else {
       mbarrier_wait(&sm.q_empty[q_slot], ((q_uses / 2) & 1) ^ 1);
     }
@@ -245,7 +255,7 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
   if constexpr (C > 1) {  // the last two rounds' O, then the stores' end (before the CTA exits)
     for (unsigned r = q_uses < 2 ? 0 : q_uses - 2; r < q_uses; ++r) {
       mbarrier_wait(&sm.o_full[r % 2], (r / 2) & 1);
-      store_o(r);
+      store_block(maps, p, w, sm, r);
     }
     tma_store_wait();
   }
@@ -746,7 +756,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
 // one item per round (item_of_round): the producer and the consumers walk the same list.
 template <typename T, int D, int C, int R>
 __global__ void __launch_bounds__(Tile<D, C, R>::kThreads, 1)
-    overlap_kernel(const __grid_constant__ Maps maps, const AttnParams p, const Work w) {
+    overlap_kernel(const __grid_constant__ Maps<(C > 1)> maps, const AttnParams p, const Work w) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   // Dynamic shared memory is only 16-byte aligned; the swizzled tiles need 1024.
@@ -759,7 +769,7 @@ __global__ void __launch_bounds__(Tile<D, C, R>::kThreads, 1)
     prefetch_tensor_map(&maps.q);
     prefetch_tensor_map(&maps.k);
     prefetch_tensor_map(&maps.v);
-    if (C > 1) prefetch_tensor_map(&maps.o);
+    if constexpr (C > 1) prefetch_tensor_map(&maps.o);
     for (int s = 0; s < 2; ++s) {
       mbarrier_init(&sm.q_full[s], 1);  // the producer's arrive_expect_tx, then the bytes
       // One arrival per consumer warp, on q_empty, or in the large CTA on o_full.
@@ -791,7 +801,7 @@ __global__ void __launch_bounds__(Tile<D, C, R>::kThreads, 1)
 #endif
 }
 
-using Kernel = void (*)(Maps, AttnParams, Work);
+using Kernel = const void*;  // overlap_kernel: Maps<C > 1>, AttnParams, Work
 
 // The CTAs: the large one; the large one with the causal mask, two consumer warpgroups at any D
 // (at D = 64 blocks of 128 rows instead of 192 leave less to the diagonal's masked tiles); the
@@ -800,10 +810,10 @@ enum class Cta { large, large_causal, small, half };
 
 template <typename T, int D>
 Kernel select_kernel(Cta cta) {
-  if (cta == Cta::half) return overlap_kernel<T, D, 1, 32>;
-  if (cta == Cta::large_causal) return overlap_kernel<T, D, 2, 64>;
-  return cta == Cta::small ? overlap_kernel<T, D, 1, 64>
-                           : overlap_kernel<T, D, kLargeConsumers<D>, 64>;
+  if (cta == Cta::half) return reinterpret_cast<Kernel>(overlap_kernel<T, D, 1, 32>);
+  if (cta == Cta::large_causal) return reinterpret_cast<Kernel>(overlap_kernel<T, D, 2, 64>);
+  return cta == Cta::small ? reinterpret_cast<Kernel>(overlap_kernel<T, D, 1, 64>)
+                           : reinterpret_cast<Kernel>(overlap_kernel<T, D, kLargeConsumers<D>, 64>);
 }
 Kernel select_kernel(const AttnParams& p, Cta cta) {
   if (p.dtype == DType::f16)
@@ -902,7 +912,7 @@ Status make_launch(const AttnParams& p, Launch* out) {
                            " bytes of shared memory per CTA, the device allows " +
                            std::to_string(device->smem_per_block_optin));
     int ctas_per_sm = 0;
-    ATTN_TRY(resident_ctas_per_sm(reinterpret_cast<const void*>(l->kernel), l->tile.threads,
+    ATTN_TRY(resident_ctas_per_sm(l->kernel, l->tile.threads,
                                   l->smem, &ctas_per_sm));
     l->slots = static_cast<int64_t>(std::min(ctas_per_sm, kMaxCtasPerSm)) * device->sm_count;
     l->work.log2_pack = log2_pack;
@@ -987,7 +997,7 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
   out->grid = dim3(static_cast<unsigned>(l.ctas));
   out->block = dim3(l.tile.threads);
   out->dynamic_smem_bytes = l.smem;
-  out->kernel = reinterpret_cast<const void*>(l.kernel);
+  out->kernel = l.kernel;
   out->notes =
       "persistent: " + std::to_string(l.ctas) + " CTAs over " + std::to_string(l.work.n_items) +
       " work items, 1 producer warpgroup + " + std::to_string(l.tile.consumers) +
@@ -1001,7 +1011,7 @@ Status plan(const AttnParams& p, LaunchPlan* out) {
 // The three tensor maps. Q: (d, head in pack, position, packed head, batch), box (64, 2^k,
 // Br / 2^k): one box is Br packed rows of 64 columns. K and V: (d, position, kv head, batch), box
 // (64, Bc). Strides in bytes, from AttnParams' element strides.
-Status encode_maps(const AttnParams& p, const TileInfo& tile, int log2_pack, Maps* maps) {
+Status encode_maps(const AttnParams& p, const TileInfo& tile, int log2_pack, Maps<true>* maps) {
   const uint64_t e = 2, pack = uint64_t{1} << log2_pack;
   const uint64_t q_dims[5] = {static_cast<uint64_t>(p.d), pack, static_cast<uint64_t>(p.sq),
                               static_cast<uint64_t>(p.hq) / pack, static_cast<uint64_t>(p.b)};
@@ -1034,8 +1044,9 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   ATTN_TRY(make_launch(p, &l));
   const WorkspaceLayout layout = layout_for(p, l);
   ATTN_TRY(check_workspace(kStageName, ws, layout.total));
-  Maps maps;
+  Maps<true> maps;
   ATTN_TRY(encode_maps(p, l.tile, l.work.log2_pack, &maps));
+  Maps<false> maps_qkv{maps.q, maps.k, maps.v};
   AttnParams kp = p;
   kp.scale = effective_scale(p) * kLog2e;  // scores in log2 units: exp(x) = exp2(x log2 e)
   Work w = l.work;
@@ -1055,7 +1066,8 @@ Status launch(const AttnParams& p, const Workspace& ws, cudaStream_t stream) {
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&config, l.kernel, maps, kp, w);
+  void* args[] = {l.tile.consumers > 1 ? static_cast<void*>(&maps) : &maps_qkv, &kp, &w};
+  const cudaError_t err = cudaLaunchKernelExC(&config, l.kernel, args);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     return Status::Error(std::string("stage ") + kStageName +
