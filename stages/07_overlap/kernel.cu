@@ -87,7 +87,7 @@ struct Smem {
   alignas(1024) unsigned char q[2][kChunks][kQRows * kRowBytes];  // [slot][D/64][64 C][64]
   alignas(1024) unsigned char k[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
   alignas(1024) unsigned char v[kStages][kChunks][kBc * kRowBytes];  // [slot][D/64][Bc][64]
-  uint64_t q_full[2], q_empty[2];  // Q landed / every consumer warpgroup done with the slot
+  uint64_t q_full[2], q_empty[2];  // Q landed / every consumer warp done with it (C = 1)
   uint64_t o_full[2];              // the large CTA: O in the slot, for the producer's store
   uint64_t k_full[kStages];        // K tile landed in the slot
   uint64_t v_full[kStages];        // V tile landed in the slot
