@@ -77,16 +77,6 @@ struct Tile {
 template <int D>
 constexpr int kLargeConsumers = D == 64 ? 3 : 2;
 
-// One work item: query block q_block of packed head hs of batch b, over the keys of one split.
-// Packed row r of (b, hs) is query position r >> log2_pack of head (hs << log2_pack) + r % 2^..,
-// so the heads of a GQA group share each K/V tile. kv_begin and n_tiles are the tiles the block
-// needs: from the split's first key to the last key its last row may see.
-struct Item {
-  int64_t b = 0, hs = 0, kv_begin = 0, split_end = 0;
-  int q_block = 0, split = 0, n_tiles = 0;
-  unsigned row0 = 0;  // first packed row
-};
-
 // Shared memory. Every tile is stored as D/64 column blocks of 128-byte rows in TMA's 128-byte
 // swizzle (the 16-byte piece c of row r sits at piece c ^ (r % 8)), each block 1024-byte aligned:
 // the layout wgmma's descriptors name.
@@ -103,7 +93,6 @@ struct Smem {
   uint64_t v_full[kStages];        // V tile landed in the slot
   uint64_t k_empty[kStages];       // every consumer warp done reading the slot's K (after S)
   uint64_t v_empty[kStages];       // ... and its V (after P.V)
-  Item item[2];                    // the item of the Q in each slot, from the producer
   int last_split;                  // this CTA brought its query block's last split (it merges)
 };
 
@@ -129,6 +118,16 @@ struct Work {
   float* o_partial = nullptr;    // [num_splits][B*Hq*Sq][D] fp32, normalised within the split
   float* lse_partial = nullptr;  // [num_splits][B*Hq*Sq], -inf where the split saw no key
   int* arrivals = nullptr;  // [B][Hq >> log2_pack][q_blocks] splits done (zero between launches)
+};
+
+// One work item: query block q_block of packed head hs of batch b, over the keys of one split.
+// Packed row r of (b, hs) is query position r >> log2_pack of head (hs << log2_pack) + r % 2^..,
+// so the heads of a GQA group share each K/V tile. kv_begin and n_tiles are the tiles the block
+// needs: from the split's first key to the last key its last row may see.
+struct Item {
+  int64_t b = 0, hs = 0, kv_begin = 0, split_end = 0;
+  int q_block = 0, split = 0, n_tiles = 0;
+  unsigned row0 = 0;  // first packed row
 };
 
 // Keys row i may see within the split ending at split_end (bottom-right causal mask).
@@ -197,13 +196,9 @@ __device__ __forceinline__ void store_block(const Maps<true>& maps, const AttnPa
   tma_store_wait_read();
 }
 
-// The producer: one thread of warpgroup 0 issues every TMA copy of this CTA's items. The Q of
-// round r + 1 is copied during round r, after that round's K(1) and V(0): its slot is free once
-// the consumers are done with round r - 1 (in the large CTA, and the store of that round's O has
-// read it out), and the copy then has the rest of round r to land. Copied after all of round r's
-// tiles, with two K/V slots (D = 128) it was issued two tiles before round r + 1 and arrived,
-// when every SM starts new heads at once, after the consumers had begun to wait for it. Each K/V
-// tile waits for its slot.
+// The producer: one thread of warpgroup 0 issues every TMA copy of this CTA's items. Q of an item
+// waits until the consumers have read the Q of two items before (in the large CTA, and the store
+// of its O has read it out); each K/V tile waits for its slot.
 template <int D, int C, int R>
 __device__ __forceinline__ void produce(const Maps<(C > 1)>& maps, const AttnParams& p,
                                         const Work& w, Smem<D, C, R>& sm) {
@@ -211,45 +206,36 @@ __device__ __forceinline__ void produce(const Maps<(C > 1)>& maps, const AttnPar
   constexpr uint32_t kQBytes = Tile<D, C, R>::kBr * D * 2,
                      kTileBytes = Tile<D, C, R>::kTileBytes;  // whole boxes, zeros included
   const unsigned group = static_cast<unsigned>(p.hq / p.hkv);  // Hq < 2^31 (make_launch)
-  // Q of round r into slot r % 2, its item beside it for the consumers; the item and its kv head
-  // go to it_r and h_kv_r. In the large CTA the O of round r - 2, which its consumers left in that
-  // slot (o_full), leaves by TMA first. The kv head (a division) is computed before the waits: on
-  // the first round it would stand between Q's copy and K(0)'s.
-  auto copy_q = [&](unsigned r, Item& it_r, int& h_kv_r) {
-    const Item it = decode_item<D, C, R>(p, w, item_of_round(r));
-    h_kv_r = static_cast<int>(static_cast<unsigned>(it.hs << w.log2_pack) / group);
-    const int slot = static_cast<int>(r % 2);
+  uint32_t q_uses = 0, kv_uses = 0;  // q_uses: the round, one Q per item
+  for (unsigned round = 0, item = item_of_round(0); item < w.n_items;
+       item = item_of_round(++round)) {
+    const Item it = decode_item<D, C, R>(p, w, item);
+    const int b = static_cast<int>(it.b);
+    const int h_kv = static_cast<int>(static_cast<unsigned>(it.hs << w.log2_pack) / group);
+    const int q_slot = q_uses % 2;
     if constexpr (C > 1) {
-      mbarrier_wait(&sm.o_full[slot], ((r / 2) & 1) ^ 1);
-      if (r >= 2) store_block(maps, p, w, sm, r - 2);
+      // The large CTA's O leaves from its Q slot by TMA, issued here: the consumers left the O of
+      // round - 2 there (o_full); it goes out before this Q reuses the slot.
+      mbarrier_wait(&sm.o_full[q_slot], ((q_uses / 2) & 1) ^ 1);
+      if (round >= 2) store_block(maps, p, w, sm, round - 2);
     } else {
-      mbarrier_wait(&sm.q_empty[slot], ((r / 2) & 1) ^ 1);
+      mbarrier_wait(&sm.q_empty[q_slot], ((q_uses / 2) & 1) ^ 1);
     }
-    sm.item[slot] = it;  // Q's arrival (a release) publishes it
-    mbarrier_arrive_expect_tx(&sm.q_full[slot], kQBytes);
+    mbarrier_arrive_expect_tx(&sm.q_full[q_slot], kQBytes);
     // Programmatic dependent launch: the first read of the inputs (see the kernel) waits here,
     // after Q's slot and byte count are set, so that only the copy follows the wait.
-    if (r == 0) {
+    if (round == 0) {
       cudaGridDependencySynchronize();
       cudaTriggerProgrammaticLaunchCompletion();
     }
 #pragma unroll
     for (int c = 0; c < kChunks; ++c)
-      tma_load_5d(sm.q[slot][c], &maps.q, c * kCols, 0, static_cast<int>(it.row0 >> w.log2_pack),
-                  static_cast<int>(it.hs), static_cast<int>(it.b), &sm.q_full[slot]);
-    it_r = it;
-  };
-  uint32_t kv_uses = 0;
-  unsigned rounds = 0;
-  Item it, next;
-  int h_kv = 0, next_h_kv = 0;
-  copy_q(0, it, h_kv);  // a CTA has an item at least: the grid is at most the items
-  for (unsigned round = 0;; ++round) {
-    const bool more = item_of_round(round + 1) < w.n_items;
-    const int b = static_cast<int>(it.b);
+      tma_load_5d(sm.q[q_slot][c], &maps.q, c * kCols, 0, static_cast<int>(it.row0 >> w.log2_pack),
+                  static_cast<int>(it.hs), b, &sm.q_full[q_slot]);
+    ++q_uses;
+    if (it.n_tiles == 0) continue;  // a block that sees no key still gets its Q slot (epilogue)
     // A tile's K and V each wait for their own slot. The consumers read K(t) together with
-    // V(t - 1): copying in that order keeps a K from waiting behind the V before it. A block that
-    // sees no key has no tiles (its Q slot still serves the epilogue).
+    // V(t - 1): copying in that order keeps a K from waiting behind the V before it.
     auto load = [&](int t, uint64_t* full, uint64_t* empty, const CUtensorMap* map, auto& dst) {
       const int slot = static_cast<int>((kv_uses + t) % kStages);
       const int key = static_cast<int>(it.kv_begin) + t * kBc;
@@ -262,19 +248,12 @@ __device__ __forceinline__ void produce(const Maps<(C > 1)>& maps, const AttnPar
     for (int t = 0; t < it.n_tiles; ++t) {
       load(t, sm.k_full, sm.k_empty, &maps.k, sm.k);
       if (t > 0) load(t - 1, sm.v_full, sm.v_empty, &maps.v, sm.v);
-      if (t == 1 && more) copy_q(round + 1, next, next_h_kv);
     }
-    if (it.n_tiles > 0) load(it.n_tiles - 1, sm.v_full, sm.v_empty, &maps.v, sm.v);
-    if (it.n_tiles < 2 && more) copy_q(round + 1, next, next_h_kv);
+    load(it.n_tiles - 1, sm.v_full, sm.v_empty, &maps.v, sm.v);
     kv_uses += it.n_tiles;
-    if (!more) {
-      rounds = round + 1;
-      break;
-    }
-    it = next, h_kv = next_h_kv;
   }
   if constexpr (C > 1) {  // the last two rounds' O, then the stores' end (before the CTA exits)
-    for (unsigned r = rounds < 2 ? 0 : rounds - 2; r < rounds; ++r) {
+    for (unsigned r = q_uses < 2 ? 0 : q_uses - 2; r < q_uses; ++r) {
       mbarrier_wait(&sm.o_full[r % 2], (r / 2) & 1);
       store_block(maps, p, w, sm, r);
     }
@@ -449,18 +428,9 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
   if constexpr (kConsumers > 1)
     if (cw == kConsumers - 1) named_barrier_arrive(2, 2 * kWarpGroup);  // 0 takes the first turn
 
-  // An item after the first comes decoded by the producer, beside its Q: its integer divisions,
-  // about 500 cycles of a warpgroup, would otherwise stand between two items with the tensor
-  // cores idle. The first is decoded here, while the first Q's copy is on its way.
-  Item it = decode_item<D, C, R>(p, w, item_of_round(0));
   for (unsigned round = 0, item = item_of_round(0); item < w.n_items;
        item = item_of_round(++round)) {
-    const int q_slot = q_uses % 2;
-    const uint32_t q_parity = (q_uses / 2) & 1;
-    if (round > 0) {
-      mbarrier_wait(&sm.q_full[q_slot], q_parity);
-      it = sm.item[q_slot];
-    }
+    const Item it = decode_item<D, C, R>(p, w, item);
     const unsigned wg_row0 = it.row0 + R * cw;
     const bool active = wg_row0 < rows;  // warpgroup-uniform: a block of padding rows only paces
     // Each thread's two rows: their last key, running max m (log2 units) and partial sum l.
@@ -478,6 +448,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
 #pragma unroll
     for (int j = 0; j < kO; ++j) o[j] = 0.0f;
 
+    const int q_slot = q_uses % 2;
     // Descriptors go through uniform() (common/hopper.cuh): a turn is the issue of a tile's 16
     // products, and with descriptors in ordinary registers each wgmma waits on R2UR copies of its
     // two; in uniform registers it needs only a few uniform adds and moves.
@@ -487,7 +458,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
     const uint64_t q_desc =  // this warpgroup's 64 rows
         uniform(smem_descriptor(smem_addr(sm.q[q_slot]) + cw * 64 * kRowBytes, 16,
                                 kHalf ? 512 : 1024));
-    if (round == 0) mbarrier_wait(&sm.q_full[q_slot], q_parity);
+    mbarrier_wait(&sm.q_full[q_slot], (q_uses / 2) & 1);
     ++q_uses;
     // The tiles, overlapped inside the warpgroup: S of tile t is issued together with P.V of
     // tile t - 1, and the softmax of tile t runs while that P.V is on the tensor cores. A turn
