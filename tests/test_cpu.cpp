@@ -1,7 +1,6 @@
 // Tests that need no GPU: the fp64 reference against closed forms, validation of bad input,
-// the FLOP and byte formulas, the fast division of 06 and 07, the shape suite, the comparison
-// metrics, the registry, and the command lines of the programs (run here with bad flags, which
-// they refuse before any GPU work).
+// the FLOP and byte formulas, the shape suite, the comparison metrics, the registry, and the
+// command lines of the programs (run here with bad flags, which they refuse before any GPU work).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -18,7 +17,6 @@
 
 #include "cli.h"
 #include "compare.h"
-#include "divide.h"
 #include "flags.h"
 #include "params.h"
 #include "reference.h"
@@ -284,31 +282,6 @@ TEST_CASE("figures: FLOP and byte formulas") {
   CHECK(attention_bytes(decode) == 2.0 * (2.0 * 8 * 32 * 128 + 2.0 * 8 * 4096 * 8 * 128));
   ProblemShape rect = small_shape(3, 10, true);  // causal, Sq != Sk: exact visible pairs 8 + 9 + 10
   CHECK(attention_flops(rect) == 4.0 * 64 * 27);
-}
-
-TEST_CASE("FastDiv: n / d and n % d exact for n, d < 2^31") {
-  // Every divisor up to 2^12 against dividends near its multiples and the range's ends, then
-  // divisors near powers of two and the top of the range.
-  std::vector<unsigned> divisors;
-  for (unsigned d = 1; d <= 4096; ++d) divisors.push_back(d);
-  for (int k = 12; k < 31; ++k)
-    for (long long delta : {-1, 0, 1, 3})
-      divisors.push_back(static_cast<unsigned>((1ll << k) + delta));
-  divisors.push_back(0x7fffffffu);
-  int failures = 0;
-  for (const unsigned d : divisors) {
-    const FastDiv f(d, FastDiv::multiplier(d));
-    std::vector<unsigned> ns = {0, 1, d - 1, d, d + 1, 0x7fffffffu, 0x7ffffffeu, 0x40000000u};
-    for (unsigned q : {1u, 2u, 3u, 1000u, 65535u, 1u << 20})
-      if (uint64_t{q} * d + d < (uint64_t{1} << 31))
-        for (unsigned r : {0u, 1u, d / 2, d - 1}) ns.push_back(q * d + r);
-    for (const unsigned n : ns) {
-      if (n >= (1u << 31)) continue;
-      const unsigned q = f.div(n);
-      if (q != n / d || f.mod(n, q) != n % d) ++failures;
-    }
-  }
-  CHECK(failures == 0);
 }
 
 TEST_CASE("shape suite: names and sizes") {

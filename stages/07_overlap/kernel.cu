@@ -20,7 +20,6 @@
 #include <cuda/atomic>
 
 #include "device.h"
-#include "divide.h"
 #include "dtype.cuh"
 #include "hopper.cuh"
 #include "params.h"
@@ -116,9 +115,6 @@ struct Work {
   int q_blocks = 0;              // query blocks of Br packed rows per (batch, packed head)
   int log2_pack = 0;             // 2^log2_pack query heads of one kv head share a row block
   unsigned n_items = 0;          // B * (Hq >> log2_pack) * q_blocks * num_splits
-  // Multipliers for dividing by num_splits, q_blocks and the packed heads Hq >> log2_pack in the
-  // item decode that the producer and the consumers run for every item (divide.h).
-  unsigned splits_m = 1, q_blocks_m = 1, heads_m = 1;
   float* o_partial = nullptr;    // [num_splits][B*Hq*Sq][D] fp32, normalised within the split
   float* lse_partial = nullptr;  // [num_splits][B*Hq*Sq], -inf where the split saw no key
   int* arrivals = nullptr;  // [B][Hq >> log2_pack][q_blocks] splits done (zero between launches)
@@ -148,22 +144,21 @@ template <int D, int C, int R>
 __device__ __forceinline__ Item decode_item(const AttnParams& p, const Work& w, unsigned item) {
   constexpr int kBr = Tile<D, C, R>::kBr, kBc = Tile<D, C, R>::kBc;
   Item it;
-  const FastDiv splits(static_cast<unsigned>(w.num_splits), w.splits_m),
-      q_blocks(static_cast<unsigned>(w.q_blocks), w.q_blocks_m),
-      heads(static_cast<unsigned>(p.hq) >> w.log2_pack, w.heads_m);
-  const unsigned block = splits.div(item);  // the item's (b, hs, q_rank)
-  it.split = static_cast<int>(splits.mod(item, block));
-  const unsigned head = q_blocks.div(block);  // its (b, hs)
-  const int q_rank = static_cast<int>(q_blocks.mod(block, head));
-  it.b = heads.div(head);
-  it.hs = heads.mod(head, static_cast<unsigned>(it.b));
+  it.split = static_cast<int>(item % static_cast<unsigned>(w.num_splits));
+  unsigned rest = item / static_cast<unsigned>(w.num_splits);
+  const int q_rank = static_cast<int>(rest % static_cast<unsigned>(w.q_blocks));
+  rest /= static_cast<unsigned>(w.q_blocks);
+  const unsigned n_hs = static_cast<unsigned>(p.hq) >> w.log2_pack;
+  it.hs = rest % n_hs;
+  it.b = rest / n_hs;
   it.q_block = p.causal ? w.q_blocks - 1 - q_rank : q_rank;
   it.row0 = static_cast<unsigned>(it.q_block) * kBr;
   const unsigned rows = static_cast<unsigned>(p.sq) << w.log2_pack;
   // Split s takes tiles [s T / S, (s + 1) T / S) of the T tiles: the splits differ by a tile at
   // most (equal splits of whole tiles would leave the last one short, or fewer splits than S).
-  it.kv_begin = int64_t{splits.div(it.split * w.kv_tiles)} * kBc;
-  it.split_end = min(p.sk, int64_t{splits.div((it.split + 1) * w.kv_tiles)} * kBc);
+  const unsigned n_splits = static_cast<unsigned>(w.num_splits);
+  it.kv_begin = int64_t{it.split * w.kv_tiles / n_splits} * kBc;
+  it.split_end = min(p.sk, int64_t{(it.split + 1) * w.kv_tiles / n_splits} * kBc);
   const int64_t i_last = (min(it.row0 + kBr, rows) - 1) >> w.log2_pack;
   const int64_t block_end = row_end(p, i_last, it.split_end);
   it.n_tiles =
@@ -955,14 +950,10 @@ Status make_launch(const AttnParams& p, Launch* out) {
   w.kv_tiles = static_cast<unsigned>(kv_tiles);
   w.num_splits = splits;
   const int64_t items = unsplit * w.num_splits;
-  if (items >= (int64_t{1} << 31) || kv_tiles * splits >= (int64_t{1} << 31))
-    return Status::Error("work items (" + std::to_string(items) + ") and splits * K/V tiles (" +
-                         std::to_string(kv_tiles * splits) + ") must be under stage " +
+  if (items >= (int64_t{1} << 31))
+    return Status::Error("work items (" + std::to_string(items) + ") exceed stage " +
                          kStageName + "'s limit 2^31");
   w.n_items = static_cast<unsigned>(items);
-  w.splits_m = FastDiv::multiplier(static_cast<unsigned>(splits));
-  w.q_blocks_m = FastDiv::multiplier(static_cast<unsigned>(w.q_blocks));
-  w.heads_m = FastDiv::multiplier(static_cast<unsigned>(p.hq >> w.log2_pack));
   l.ctas = std::min(items, l.slots);
   // With the causal mask over several rounds, rather the largest multiple of a head's query blocks
   // that fits, if its busiest CTA has at least 4% fewer tiles (busiest_cta; the bound on the items
