@@ -174,14 +174,13 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
   constexpr int kChunks = D / kCols, kStages = Tile<D, C>::kStages, kBc = Tile<D, C>::kBc;
   constexpr uint32_t kQBytes = Tile<D, C>::kQBytes,
                      kTileBytes = Tile<D, C>::kTileBytes;  // whole boxes, zeros included
-  const unsigned group = static_cast<unsigned>(p.hq / p.hkv);  // Hq < 2^31 (make_launch)
+  const int64_t group = p.hq / p.hkv;
   uint32_t q_uses = 0, kv_uses = 0;
   for (unsigned round = 0, item = item_of_round(0); item < w.n_items;
        item = item_of_round(++round)) {
     const Item it = decode_item<D, C>(p, w, item);
     if (it.n_tiles == 0) continue;
-    const int b = static_cast<int>(it.b);
-    const int h_kv = static_cast<int>(static_cast<unsigned>(it.hs << w.log2_pack) / group);
+    const int b = static_cast<int>(it.b), h_kv = static_cast<int>((it.hs << w.log2_pack) / group);
     const int q_slot = q_uses % 2;
     mbarrier_wait(&sm.q_empty[q_slot], ((q_uses / 2) & 1) ^ 1);
     mbarrier_arrive_expect_tx(&sm.q_full[q_slot], kQBytes);
