@@ -125,15 +125,17 @@ struct Work {
 // so the heads of a GQA group share each K/V tile. kv_begin and n_tiles are the tiles the block
 // needs: from the split's first key to the last key its last row may see.
 struct Item {
-  int64_t b = 0, hs = 0, kv_begin = 0, split_end = 0;
+  int64_t b = 0, hs = 0;
+  int kv_begin = 0, split_end = 0;  // keys in 32 bits (make_launch keeps Sk under 2^31)
   int q_block = 0, split = 0, n_tiles = 0;
   unsigned row0 = 0;  // first packed row
 };
 
 // Keys row i may see within the split ending at split_end (bottom-right causal mask).
-__host__ __device__ __forceinline__ int64_t row_end(const AttnParams& p, int64_t i,
-                                                    int64_t split_end) {
-  const int64_t visible = p.causal ? min(p.sk, max(int64_t{0}, i + p.sk - p.sq + 1)) : p.sk;
+// In 32 bits, as every key and row count of the kernel: a 64-bit min or max is three instructions.
+__host__ __device__ __forceinline__ int row_end(const AttnParams& p, int i, int split_end) {
+  const int sk = static_cast<int>(p.sk), sq = static_cast<int>(p.sq);
+  const int visible = p.causal ? min(sk, max(0, i + sk - sq + 1)) : sk;
   return min(visible, split_end);
 }
 
@@ -157,12 +159,12 @@ __device__ __forceinline__ Item decode_item(const AttnParams& p, const Work& w, 
   // Split s takes tiles [s T / S, (s + 1) T / S) of the T tiles: the splits differ by a tile at
   // most (equal splits of whole tiles would leave the last one short, or fewer splits than S).
   const unsigned n_splits = static_cast<unsigned>(w.num_splits);
-  it.kv_begin = int64_t{it.split * w.kv_tiles / n_splits} * kBc;
-  it.split_end = min(p.sk, int64_t{(it.split + 1) * w.kv_tiles / n_splits} * kBc);
-  const int64_t i_last = (min(it.row0 + kBr, rows) - 1) >> w.log2_pack;
-  const int64_t block_end = row_end(p, i_last, it.split_end);
-  it.n_tiles =
-      block_end > it.kv_begin ? static_cast<int>((block_end - it.kv_begin + kBc - 1) / kBc) : 0;
+  it.kv_begin = static_cast<int>(it.split * w.kv_tiles / n_splits) * kBc;
+  it.split_end =
+      min(static_cast<int>(p.sk), static_cast<int>((it.split + 1) * w.kv_tiles / n_splits) * kBc);
+  const int i_last = static_cast<int>((min(it.row0 + kBr, rows) - 1) >> w.log2_pack);
+  const int block_end = row_end(p, i_last, it.split_end);
+  it.n_tiles = block_end > it.kv_begin ? (block_end - it.kv_begin + kBc - 1) / kBc : 0;
   return it;
 }
 
@@ -434,16 +436,17 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
     const unsigned wg_row0 = it.row0 + R * cw;
     const bool active = wg_row0 < rows;  // warpgroup-uniform: a block of padding rows only paces
     // Each thread's two rows: their last key, running max m (log2 units) and partial sum l.
-    int64_t end[2];
+    int end[2];
     float m[2], l[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      end[h] = row_end(p, (wg_row0 + r_in_wg + 8 * h) >> w.log2_pack, it.split_end);
+      const int i = static_cast<int>((wg_row0 + r_in_wg + 8 * h) >> w.log2_pack);
+      end[h] = row_end(p, i, it.split_end);
       m[h] = -INFINITY, l[h] = 0.0f;
     }
     // Tiles before n_unmasked end by the warpgroup's first row's last key: no score is masked.
-    const int64_t first_end = row_end(p, wg_row0 >> w.log2_pack, it.split_end);
-    const int n_unmasked = static_cast<int>(max(int64_t{0}, first_end - it.kv_begin) / kBc);
+    const int first_end = row_end(p, static_cast<int>(wg_row0 >> w.log2_pack), it.split_end);
+    const int n_unmasked = max(0, first_end - it.kv_begin) / kBc;
     float o[kO];
 #pragma unroll
     for (int j = 0; j < kO; ++j) o[j] = 0.0f;
@@ -535,13 +538,13 @@ __device__ __forceinline__ void consume(const AttnParams& p, const Work& w,
         return false;
       }
       // The rows' key limits in the tile matter only where a score may be masked: computed
-      // there alone, their 64-bit arithmetic stays off the other tiles' softmax.
+      // there alone, their arithmetic stays off the other tiles' softmax.
       int limit[2] = {kBc, kBc};
       if (t >= n_unmasked) {
-        const int64_t kv_tile = it.kv_begin + int64_t{t} * kBc;
+        const int kv_tile = it.kv_begin + t * kBc;
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          limit[h] = static_cast<int>(max(int64_t{0}, min(end[h] - kv_tile, int64_t{kBc})));
+          limit[h] = max(0, min(end[h] - kv_tile, kBc));
       }
       if (scale > 0.0f)
         online_softmax<true, kHalf>(s, m, l, alpha, limit, t >= n_unmasked, quad_col, scale);
@@ -873,8 +876,9 @@ int64_t busiest_cta(const AttnParams& p, const Launch& l, int64_t ctas) {
   std::vector<int64_t> block_tiles(static_cast<size_t>(w.q_blocks));
   std::vector<int64_t> tiles(static_cast<size_t>(ctas));
   for (int64_t q = 0; q < w.q_blocks; ++q) {
-    const int64_t i_last = (std::min((q + 1) * l.tile.br, rows) - 1) >> w.log2_pack;
-    block_tiles[static_cast<size_t>(q)] = (row_end(p, i_last, p.sk) + l.tile.bc - 1) / l.tile.bc;
+    const int i_last = static_cast<int>((std::min((q + 1) * l.tile.br, rows) - 1) >> w.log2_pack);
+    const int64_t keys = row_end(p, i_last, static_cast<int>(p.sk));
+    block_tiles[static_cast<size_t>(q)] = (keys + l.tile.bc - 1) / l.tile.bc;
   }
   int64_t q_block = w.q_blocks - 1;  // the first item's: causal items come longest first
   for (int64_t item = 0, round = 0; item < w.n_items; ++round)
