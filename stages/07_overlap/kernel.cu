@@ -71,7 +71,8 @@ struct Tile {
   static_assert(kConsumerRegs >= 152 && kConsumerRegs <= 256, "consumer registers");
 };
 // The large CTA, for grids of at least most of a wave: three consumer warpgroups at D = 64 (two
-// with the causal mask: Cta::large_causal), two at D = 128 (where S, P and O take more registers).
+// with the causal mask or short heads: Cta::large2), two at D = 128 (where S, P and O take more
+// registers).
 // The small one, one consumer warpgroup, for small problems and decode: twice (D = 64: three
 // times) the CTAs, and a deeper K/V ring.
 template <int D>
@@ -806,15 +807,16 @@ __global__ void __launch_bounds__(Tile<D, C, R>::kThreads, 1)
 
 using Kernel = const void*;  // overlap_kernel: Maps<C > 1>, AttnParams, Work
 
-// The CTAs: the large one; the large one with the causal mask, two consumer warpgroups at any D
-// (at D = 64 blocks of 128 rows instead of 192 leave less to the diagonal's masked tiles); the
-// small one (one consumer warpgroup) and the half one (one consumer warpgroup of 32 rows).
-enum class Cta { large, large_causal, small, half };
+// The CTAs: the large one; the large one with two consumer warpgroups at any D, for the causal
+// mask and short heads (at D = 64 blocks of 128 rows instead of 192 leave less to the diagonal's
+// masked tiles, or to padding); the small one (one consumer warpgroup) and the half one (one
+// consumer warpgroup of 32 rows).
+enum class Cta { large, large2, small, half };
 
 template <typename T, int D>
 Kernel select_kernel(Cta cta) {
   if (cta == Cta::half) return reinterpret_cast<Kernel>(overlap_kernel<T, D, 1, 32>);
-  if (cta == Cta::large_causal) return reinterpret_cast<Kernel>(overlap_kernel<T, D, 2, 64>);
+  if (cta == Cta::large2) return reinterpret_cast<Kernel>(overlap_kernel<T, D, 2, 64>);
   return cta == Cta::small ? reinterpret_cast<Kernel>(overlap_kernel<T, D, 1, 64>)
                            : reinterpret_cast<Kernel>(overlap_kernel<T, D, kLargeConsumers<D>, 64>);
 }
@@ -840,7 +842,7 @@ TileInfo tile_info() {
 TileInfo tile_of(const AttnParams& p, Cta cta) {
   if (cta == Cta::half) return p.d == 64 ? tile_info<64, 1, 32>() : tile_info<128, 1, 32>();
   if (cta == Cta::small) return p.d == 64 ? tile_info<64, 1, 64>() : tile_info<128, 1, 64>();
-  if (cta == Cta::large_causal) return p.d == 64 ? tile_info<64, 2, 64>() : tile_info<128, 2, 64>();
+  if (cta == Cta::large2) return p.d == 64 ? tile_info<64, 2, 64>() : tile_info<128, 2, 64>();
   return p.d == 64 ? tile_info<64, kLargeConsumers<64>, 64>()
                    : tile_info<128, kLargeConsumers<128>, 64>();
 }
@@ -925,7 +927,10 @@ Status make_launch(const AttnParams& p, Launch* out) {
     return Status::Ok();
   };
   Launch large, small, half;
-  ATTN_TRY(configure(p.causal ? Cta::large_causal : Cta::large, &large));
+  // With the causal mask, or when a head's rows fit in 128 (the sweep), the large CTA has two
+  // consumer warpgroups: at D = 64 a block of 192 rows would leave the third only padding.
+  const bool two = p.causal || p.sq * group <= 128;
+  ATTN_TRY(configure(two ? Cta::large2 : Cta::large, &large));
   ATTN_TRY(configure(Cta::small, &small));
   ATTN_TRY(configure(Cta::half, &half));
   auto unsplit_of = [&](const Launch& l) {
