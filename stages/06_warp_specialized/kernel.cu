@@ -641,11 +641,11 @@ struct Launch {
 };
 
 // The tiles of the busiest CTA when ctas CTAs walk the items in item_of_round's order (one
-// split: more items than CTAs). With the causal mask a head's query blocks repeat in a pattern of
-// lengths, longest first; zig-zag pairs a long block with a short one only on a grid that is a
-// multiple of that period. Otherwise the pairs drift by the remainder each round, and over fewer
-// rounds than a whole drift some CTAs draw long blocks round after round (128 blocks a head on
-// 132 SMs: half again the mean). One pass over the items, without a division in it.
+// split: more items than CTAs). With the causal mask a head's P query blocks repeat in a pattern
+// of lengths, longest first; zig-zag pairs a long block with a short one (ranks q and P - 1 - q)
+// only on a grid G with 2 G a multiple of P. Otherwise the pairs drift by the remainder each
+// round, and over fewer rounds than a whole drift some CTAs draw long blocks round after round
+// (128 blocks a head on 132 SMs: half again the mean). One pass over the items, no division.
 int64_t busiest_cta(const AttnParams& p, const Launch& l, int64_t ctas) {
   const Work& w = l.work;
   const int64_t rows = p.sq << w.log2_pack;
@@ -727,13 +727,15 @@ Status make_launch(const AttnParams& p, Launch* out) {
                          kStageName + "'s limit 2^31");
   w.n_items = static_cast<unsigned>(items);
   l.ctas = std::min(items, l.slots);
-  // With the causal mask over several rounds, rather the largest multiple of a head's query blocks
-  // that fits, if its busiest CTA has at least 4% fewer tiles (busiest_cta; the bound on the items
-  // keeps the count quick).
-  const int64_t whole_periods = l.slots / w.q_blocks * w.q_blocks;
-  if (p.causal && items > l.slots && whole_periods > 0 && items <= (int64_t{1} << 16) &&
-      busiest_cta(p, l, whole_periods) * 25 < busiest_cta(p, l, l.ctas) * 24)
-    l.ctas = whole_periods;
+  // With the causal mask over several rounds, rather the largest grid that pairs each CTA's long
+  // blocks with short ones (busiest_cta: a multiple of half a head's query blocks, or of all of
+  // them when they are odd), if its busiest CTA has at least 4% fewer tiles (the bound on the
+  // items keeps the count quick).
+  const int64_t period = w.q_blocks % 2 == 0 ? w.q_blocks / 2 : w.q_blocks;
+  const int64_t paired = l.slots / period * period;
+  if (p.causal && items > l.slots && paired > 0 && items <= (int64_t{1} << 16) &&
+      busiest_cta(p, l, paired) * 25 < busiest_cta(p, l, l.ctas) * 24)
+    l.ctas = paired;
   *out = l;
   return Status::Ok();
 }
