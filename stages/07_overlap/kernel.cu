@@ -71,8 +71,8 @@ struct Tile {
   static_assert(kConsumerRegs >= 152 && kConsumerRegs <= 256, "consumer registers");
 };
 // The large CTA, for grids of at least most of a wave: three consumer warpgroups at D = 64 (two
-// with the causal mask or short heads: Cta::large2), two at D = 128 (where S, P and O take more
-// registers).
+// on heads of at most 128 rows, and with the causal mask on heads of under 4096: Cta::large2),
+// two at D = 128 (where S, P and O take more registers).
 // The small one, one consumer warpgroup, for small problems and decode: twice (D = 64: three
 // times) the CTAs, and a deeper K/V ring.
 template <int D>
