@@ -809,8 +809,8 @@ using Kernel = const void*;  // overlap_kernel: Maps<C > 1>, AttnParams, Work
 
 // The CTAs: the large one; the large one with two consumer warpgroups at any D, for short heads
 // and, with the causal mask, heads of under 4096 rows (at D = 64 blocks of 128 rows instead of 192
-// leave less to padding, or to the diagonal's masked tiles); the small one (one consumer warpgroup) and the half one (one
-// consumer warpgroup of 32 rows).
+// leave less to padding, or to the diagonal's masked tiles); the small one (one consumer
+// warpgroup) and the half one (one consumer warpgroup of 32 rows).
 enum class Cta { large, large2, small, half };
 
 template <typename T, int D>
