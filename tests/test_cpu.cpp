@@ -6,7 +6,9 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <iterator>
 #include <limits>
@@ -17,6 +19,7 @@
 
 #include "cli.h"
 #include "compare.h"
+#include "fastdiv.h"
 #include "flags.h"
 #include "params.h"
 #include "reference.h"
@@ -282,6 +285,25 @@ TEST_CASE("figures: FLOP and byte formulas") {
   CHECK(attention_bytes(decode) == 2.0 * (2.0 * 8 * 32 * 128 + 2.0 * 8 * 4096 * 8 * 128));
   ProblemShape rect = small_shape(3, 10, true);  // causal, Sq != Sk: exact visible pairs 8 + 9 + 10
   CHECK(attention_flops(rect) == 4.0 * 64 * 27);
+}
+
+TEST_CASE("FastDiv: n / d by multiplication, for n <= 2^31 and d < 2^31") {
+  const uint32_t kMax = (uint32_t{1} << 31) - 1;
+  std::vector<uint32_t> divisors = {1, 2, 3, 5, 6, 7, 8, 11, 32, 33, 100, 127, 128, 129, 641,
+                                    65535, 65536, 65537, 1000003, (uint32_t{1} << 30) - 1,
+                                    uint32_t{1} << 30, (uint32_t{1} << 30) + 1, kMax - 1, kMax};
+  uint32_t x = 12345;  // a fixed xorshift sequence: more divisors and dividends
+  auto next = [&] { x ^= x << 13, x ^= x >> 17, x ^= x << 5; return x & kMax; };
+  for (int t = 0; t < 200; ++t) divisors.push_back(std::max<uint32_t>(1, next() >> (t % 31)));
+  for (const uint32_t d : divisors) {
+    const FastDiv f(d);
+    std::vector<uint32_t> ns = {0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, kMax - 1, kMax, kMax + 1};
+    for (int t = 0; t < 200; ++t) ns.push_back(next() >> (t % 31));
+    for (const uint32_t n : ns) {
+      if (n > kMax + 1) continue;
+      REQUIRE_MESSAGE(f.div(n) == n / d, "n = " << n << ", d = " << d);
+    }
+  }
 }
 
 TEST_CASE("shape suite: names and sizes") {
