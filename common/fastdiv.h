@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+/// Host and device under nvcc, host only in a C++ compiler (test_cpu includes this header).
 #if defined(__CUDACC__)
 #define ATTN_HOST_DEVICE __host__ __device__ __forceinline__
 #else
@@ -22,9 +23,12 @@ namespace attn {
 /// 2^l - d < d): n / d = (mulhi(m, n) + n) >> l, where mulhi(m, n) < n keeps the sum under 2^32 for
 /// n <= 2^31. Eight bytes, without d: it travels in kernel parameters, which a launch copies.
 struct FastDiv {
-  uint32_t m = 1, l = 0;  // d = 1: (0 + n) >> 0 = n
+  uint32_t m = 1;  ///< the multiplier m (d = 1: m = 1 and l = 0 give (0 + n) >> 0 = n)
+  uint32_t l = 0;  ///< the shift l = ceil(log2 d)
 
+  /// Division by 1.
   FastDiv() = default;
+  /// The multiplier and shift of divisor @p d (1 <= d < 2^31), on the host.
   explicit FastDiv(uint32_t d) {
     while ((uint64_t{1} << l) < d) ++l;
     m = static_cast<uint32_t>((uint64_t{1} << 32) * ((uint64_t{1} << l) - d) / d + 1);
