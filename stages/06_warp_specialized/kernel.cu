@@ -21,6 +21,7 @@
 
 #include "device.h"
 #include "dtype.cuh"
+#include "fastdiv.h"
 #include "hopper.cuh"
 #include "params.h"
 #include "stage.h"
@@ -101,6 +102,9 @@ struct Work {
   int q_blocks = 0;              // query blocks of Br packed rows per (batch, packed head)
   int log2_pack = 0;             // 2^log2_pack query heads of one kv head share a row block
   unsigned n_items = 0;          // B * (Hq >> log2_pack) * q_blocks * num_splits
+  // Divisions by num_splits, q_blocks, Hq >> log2_pack and Hq / Hkv, by multiplication: an item's
+  // decoding sits between two items of every warpgroup (common/fastdiv.h).
+  FastDiv by_splits, by_q_blocks, by_heads, by_group;
   float* o_partial = nullptr;    // [num_splits][B*Hq*Sq][D] fp32, normalised within the split
   float* lse_partial = nullptr;  // [num_splits][B*Hq*Sq], -inf where the split saw no key
   int* arrivals = nullptr;  // [B][Hq >> log2_pack][q_blocks] splits done (zero between launches)
@@ -132,22 +136,20 @@ template <int D, int C>
 __device__ __forceinline__ Item decode_item(const AttnParams& p, const Work& w, unsigned item) {
   constexpr int kBr = Tile<D, C>::kBr, kBc = Tile<D, C>::kBc;
   Item it;
-  it.split = static_cast<int>(item % static_cast<unsigned>(w.num_splits));
-  unsigned rest = item / static_cast<unsigned>(w.num_splits);
-  const int q_rank = static_cast<int>(rest % static_cast<unsigned>(w.q_blocks));
-  rest /= static_cast<unsigned>(w.q_blocks);
-  const unsigned n_hs = static_cast<unsigned>(p.hq) >> w.log2_pack;
-  it.hs = rest % n_hs;
-  it.b = rest / n_hs;
+  const unsigned block = w.by_splits.div(item), head = w.by_q_blocks.div(block);
+  const unsigned b = w.by_heads.div(head), n_hs = static_cast<unsigned>(p.hq) >> w.log2_pack;
+  it.split = static_cast<int>(item - block * static_cast<unsigned>(w.num_splits));
+  const int q_rank = static_cast<int>(block - head * static_cast<unsigned>(w.q_blocks));
+  it.hs = head - b * n_hs;
+  it.b = b;
   it.q_block = p.causal ? w.q_blocks - 1 - q_rank : q_rank;
   it.row0 = static_cast<unsigned>(it.q_block) * kBr;
   const unsigned rows = static_cast<unsigned>(p.sq) << w.log2_pack;
   // Split s takes tiles [s T / S, (s + 1) T / S) of the T tiles: the splits differ by a tile at
   // most (equal splits of whole tiles would leave the last one short, or fewer splits than S).
-  const unsigned n_splits = static_cast<unsigned>(w.num_splits);
-  it.kv_begin = static_cast<int>(it.split * w.kv_tiles / n_splits) * kBc;
-  it.split_end =
-      min(static_cast<int>(p.sk), static_cast<int>((it.split + 1) * w.kv_tiles / n_splits) * kBc);
+  it.kv_begin = static_cast<int>(w.by_splits.div(it.split * w.kv_tiles)) * kBc;
+  const int next_begin = static_cast<int>(w.by_splits.div((it.split + 1) * w.kv_tiles)) * kBc;
+  it.split_end = min(static_cast<int>(p.sk), next_begin);
   const int i_last = static_cast<int>((min(it.row0 + kBr, rows) - 1) >> w.log2_pack);
   const int block_end = row_end(p, i_last, it.split_end);
   it.n_tiles = block_end > it.kv_begin ? (block_end - it.kv_begin + kBc - 1) / kBc : 0;
@@ -176,13 +178,13 @@ __device__ __forceinline__ void produce(const Maps& maps, const AttnParams& p, c
   constexpr int kChunks = D / kCols, kStages = Tile<D, C>::kStages, kBc = Tile<D, C>::kBc;
   constexpr uint32_t kQBytes = Tile<D, C>::kQBytes,
                      kTileBytes = Tile<D, C>::kTileBytes;  // whole boxes, zeros included
-  const int64_t group = p.hq / p.hkv;
   uint32_t q_uses = 0, kv_uses = 0;
   for (unsigned round = 0, item = item_of_round(0); item < w.n_items;
        item = item_of_round(++round)) {
     const Item it = decode_item<D, C>(p, w, item);
     if (it.n_tiles == 0) continue;
-    const int b = static_cast<int>(it.b), h_kv = static_cast<int>((it.hs << w.log2_pack) / group);
+    const int b = static_cast<int>(it.b);
+    const int h_kv = static_cast<int>(w.by_group.div(static_cast<unsigned>(it.hs << w.log2_pack)));
     const int q_slot = q_uses % 2;
     mbarrier_wait(&sm.q_empty[q_slot], ((q_uses / 2) & 1) ^ 1);
     mbarrier_arrive_expect_tx(&sm.q_full[q_slot], kQBytes);
@@ -726,6 +728,10 @@ Status make_launch(const AttnParams& p, Launch* out) {
     return Status::Error("work items (" + std::to_string(items) + ") exceed stage " +
                          kStageName + "'s limit 2^31");
   w.n_items = static_cast<unsigned>(items);
+  w.by_splits = FastDiv(static_cast<uint32_t>(w.num_splits));
+  w.by_q_blocks = FastDiv(static_cast<uint32_t>(w.q_blocks));
+  w.by_heads = FastDiv(static_cast<uint32_t>(p.hq >> w.log2_pack));
+  w.by_group = FastDiv(static_cast<uint32_t>(p.hq / p.hkv));
   l.ctas = std::min(items, l.slots);
   // With the causal mask over several rounds, rather the largest grid that pairs each CTA's long
   // blocks with short ones (busiest_cta: a multiple of half a head's query blocks, or of all of
