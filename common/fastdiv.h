@@ -5,6 +5,7 @@
 ///        item. With the divisor's multiplier computed once on the host, each is a multiply-high,
 ///        an add and a shift (Granlund and Montgomery, "Division by invariant integers using
 ///        multiplication", PLDI 1994, section 4).
+///        CCCL has such a divider only in an internal namespace (cub::detail), so it is written here.
 #pragma once
 
 #include <cstdint>
